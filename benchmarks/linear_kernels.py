@@ -1,0 +1,70 @@
+"""Time each quantized matmul path against the dense matmul it replaces.
+
+    python benchmarks/linear_kernels.py [--shapes 4096x4096 4096x14336] [--batches 1 16] [--device cpu]
+
+For each shape (in x out), batch and path it prints the median time of a
+forward (after warm-up, device synchronized) and its ratio to the fp32 and
+bf16 dense matmuls of the same shape (speed-up > 1 is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from quantlab import quantize_tensor
+from quantlab.measure.device import resolve_device, synchronize
+from quantlab.quant.kernels import KERNELS, choose_kernel
+
+CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32)]
+
+
+def median_us(fn, device: torch.device, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=["4096x4096", "4096x14336"])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args()
+    device = resolve_device(args.device)
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"{'shape':>12} {'batch':>5} {'path':<34} {'µs':>10} {'vs fp32':>8} {'vs bf16':>8}")
+    for shape in args.shapes:
+        n_in, out = (int(v) for v in shape.split("x"))
+        w = torch.randn(out, n_in, device=device) * 0.02
+        w16 = w.bfloat16()
+        for batch in args.batches:
+            x = torch.randn(batch, n_in, device=device)
+            x16 = x.bfloat16()
+            fp32 = median_us(lambda: F.linear(x, w), device, args.repeats)
+            bf16 = median_us(lambda: F.linear(x16, w16), device, args.repeats)
+            rows = [("dense fp32", fp32), ("dense bf16", bf16)]
+            for name, bits, group in CASES:
+                q = quantize_tensor(w, bits, group)
+                for path in KERNELS:
+                    if not KERNELS[path].supports(q, device, torch.bfloat16):
+                        continue
+                    kernel = choose_kernel(q, device, torch.bfloat16, [path])
+                    rows.append((f"{name} {path}", median_us(lambda: kernel(x16), device, args.repeats)))
+            for label, us in rows:
+                print(f"{shape:>12} {batch:>5} {label:<34} {us:>10.1f} {fp32 / us:>7.2f}x {bf16 / us:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Text sources for evaluation and calibration: built-in corpora or local files, each with a content hash."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import QuantlabError
+from .models import BUNDLED_DIR
+
+
+@dataclass(frozen=True)
+class Text:
+    """A text and where it came from; ``sha256`` identifies the exact content scored."""
+
+    source: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+def _bundled_heldout() -> str:
+    return (BUNDLED_DIR / "tiny-stdlib-llama" / "heldout.txt").read_text(encoding="utf-8")
+
+
+def _stdlib(split: str) -> Callable[[], str]:
+    def load() -> str:
+        from .corpus import documents, text_of
+
+        return text_of(documents(split))  # type: ignore[arg-type]
+
+    return load
+
+
+BUILTIN_TEXTS: dict[str, Callable[[], str]] = {
+    "bundled-heldout": _bundled_heldout,
+    "stdlib-train": _stdlib("train"),
+    "stdlib-heldout": _stdlib("heldout"),
+}
+
+
+def _read_file(path: Path) -> str:
+    if path.suffix == ".jsonl":
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise QuantlabError(f"{path}: line {n}: expected a JSON object with a 'text' field") from None
+        return "\n\n".join(texts)
+    return path.read_text(encoding="utf-8")
+
+
+def load_text(source: str) -> Text:
+    """A built-in text by name, or a local .txt / .jsonl (one {"text": ...} per line) file."""
+    if source in BUILTIN_TEXTS:
+        return Text(source, BUILTIN_TEXTS[source]())
+    path = Path(source)
+    if not path.is_file():
+        raise QuantlabError(f"no such text: {source} (built-in: {', '.join(BUILTIN_TEXTS)})")
+    return Text(str(path), _read_file(path))
+
+
+def calibration_samples(ids: "torch.Tensor", n_samples: int, seq_len: int, seed: int) -> list["torch.Tensor"]:
+    """``n_samples`` windows of ``seq_len`` tokens at seeded random offsets of a token stream (as GPTQ samples C4)."""
+    import torch
+
+    if ids.numel() <= seq_len:
+        raise QuantlabError(f"calibration text has {ids.numel()} tokens; need more than seq_len={seq_len}")
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, ids.numel() - seq_len, (n_samples,), generator=g)
+    return [ids[s: s + seq_len].unsqueeze(0) for s in starts.tolist()]

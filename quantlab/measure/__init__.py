@@ -1,0 +1,1 @@
+"""Measurements. Each returns plain records whose field names carry their units."""

@@ -1,0 +1,36 @@
+"""Device choice and synchronization for honest timing."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        from ..errors import QuantlabError
+
+        raise QuantlabError("device: cuda was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def timed_ms(fn, device: torch.device):  # type: ignore[no-untyped-def]
+    """Run ``fn`` once; return (result, elapsed ms) with the device synchronized on both sides."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, (time.perf_counter() - start) * 1e3

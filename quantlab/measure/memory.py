@@ -1,0 +1,120 @@
+"""Memory: bytes held by the model's tensors (measured and analytic) and peak memory of a phase."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..quant.kernels import Kernel
+from ..quant.linear import LINEAR_TYPES
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _component(module: nn.Module) -> str:
+    if hasattr(module, "analytic_weight_bytes") or isinstance(module, Kernel):
+        return "quantized_linear"
+    if isinstance(module, LINEAR_TYPES):
+        return "linear"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    return "other"
+
+
+def _own_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters(recurse=False)
+    yield from module.buffers(recurse=False)
+
+
+def weight_bytes_by_component(model: nn.Module) -> dict[str, int]:
+    """Bytes of parameters and buffers by component, each storage counted once (tied weights too)."""
+    seen: set[int] = set()
+    out = {"quantized_linear": 0, "linear": 0, "embedding": 0, "other": 0}
+    for module in model.modules():
+        for t in _own_tensors(module):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            out[_component(module)] += t.untyped_storage().nbytes()
+    return out
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes actually held by the model's tensors."""
+    return sum(weight_bytes_by_component(model).values())
+
+
+def weight_bytes_analytic(model: nn.Module) -> int:
+    """Bytes the formats call for: each quantized layer's formula, numel x element size elsewhere."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if hasattr(module, "analytic_weight_bytes"):
+            total += module.analytic_weight_bytes()
+            seen.update(id(t) for t in (*module.parameters(), *module.buffers()))
+            continue
+        for t in _own_tensors(module):
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _vm_hwm_bytes() -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("VmHWM not in /proc/self/status")
+
+
+def rss_bytes() -> int:
+    if _STATUS.exists():
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        _CLEAR_REFS.write_text("5")  # resets the process's peak RSS (Linux >= 4.0)
+        _vm_hwm_bytes()
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class PeakMemory:
+    """Peak bytes seen during a ``with`` block, and how they were obtained."""
+
+    device: torch.device
+    peak_bytes: int = 0
+    method: str = ""
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator["PeakMemory"]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield self
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.method = "torch.cuda.max_memory_allocated (allocator peak; CUDA context excluded)"
+            return
+        if _reset_peak_rss():
+            yield self
+            self.peak_bytes = _vm_hwm_bytes()
+            self.method = "process peak RSS (VmHWM, reset per phase via /proc/self/clear_refs); includes the runtime"
+            return
+        import resource
+
+        yield self
+        self.peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.method = "process peak RSS since start (ru_maxrss); includes the runtime"

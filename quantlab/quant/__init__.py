@@ -1,0 +1,10 @@
+"""Weight formats. Importing this package registers every built-in format."""
+from . import cast, gptq, rtn  # noqa: F401  (registration)
+from .apply import QuantizeReport, quantize_
+from .format import WEIGHT_FORMATS, WeightFormat
+from .gptq_solve import gptq_quantize
+from .linear import QuantizedLinear
+from .qtensor import QuantizedTensor, quantize_tensor
+
+__all__ = ["WEIGHT_FORMATS", "WeightFormat", "QuantizedLinear", "QuantizedTensor", "QuantizeReport",
+           "gptq_quantize", "quantize_", "quantize_tensor"]

@@ -1,0 +1,63 @@
+"""``quantize_(model, fmt)``: apply a weight format to a model in place."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from typing import Any, Iterable
+
+from torch import nn
+
+from .format import WeightFormat
+from .linear import LINEAR_TYPES
+
+
+@dataclass
+class QuantizeReport:
+    """Which modules a format replaced, and which linear modules it left alone."""
+
+    replaced: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # per replaced module, from the format
+
+
+def default_exclude(model: nn.Module) -> list[str]:
+    """Module names kept in the base dtype by default: the output embedding (lm_head)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [name for name, m in model.named_modules() if head is not None and m is head]
+
+
+def select_linears(
+    model: nn.Module, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
+) -> tuple[list[str], list[str]]:
+    """Split linear modules into (selected, kept) by glob patterns on their qualified names."""
+    exclude = list(default_exclude(model) if exclude is None else exclude)
+    include = list(include or ["*"])
+    selected, kept = [], []
+    for name, module in model.named_modules():
+        if not isinstance(module, LINEAR_TYPES):
+            continue
+        chosen = any(fnmatch(name, p) for p in include) and not any(fnmatch(name, p) for p in exclude)
+        (selected if chosen else kept).append(name)
+    return selected, kept
+
+
+def quantize_(
+    model: nn.Module,
+    fmt: WeightFormat,
+    calibration: object | None = None,
+    include: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
+) -> QuantizeReport:
+    """Apply ``fmt`` to ``model`` in place.
+
+    By default every linear layer is quantized except the output embedding;
+    embeddings and norms stay in the base dtype. ``include`` / ``exclude`` are
+    glob patterns on module names (e.g. ``"*.mlp.*"``) that override this.
+    """
+    if fmt.requires_calibration and calibration is None:
+        raise ValueError(f"weight format {fmt.label} needs calibration data (a list of token-id tensors)")
+    fmt.prepare_model_(model)
+    selected, kept = select_linears(model, include, exclude)
+    details = fmt.apply_(model, selected, calibration)
+    kept += [name for name in selected if name not in details]
+    return QuantizeReport(replaced=list(details), kept=kept, details=details)

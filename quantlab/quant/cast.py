@@ -1,0 +1,23 @@
+"""Floating-point baselines as formats (fp32 / bf16 / fp16), so baselines take the same path as quantized variants."""
+from __future__ import annotations
+
+from torch import nn
+
+from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
+
+
+@WEIGHT_FORMATS.register("cast", "every tensor cast to a floating-point dtype (field: dtype)")
+class CastFormat(WeightFormat):
+    dtype: DtypeName
+
+    @property
+    def label(self) -> str:
+        return SHORT_DTYPE[self.dtype]
+
+    def prepare_model_(self, model: nn.Module) -> None:
+        model.to(DTYPES[self.dtype])
+
+
+WEIGHT_FORMATS.add("fp32", CastFormat, "float32 weights and activations", dtype="float32")
+WEIGHT_FORMATS.add("bf16", CastFormat, "bfloat16 weights and activations", dtype="bfloat16")
+WEIGHT_FORMATS.add("fp16", CastFormat, "float16 weights and activations", dtype="float16")

@@ -1,0 +1,50 @@
+"""The weight-format interface. A format is a frozen, validated config that knows how to apply itself."""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from ..registry import Registry
+
+DtypeName = Literal["float32", "bfloat16", "float16"]
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+class WeightFormat(BaseModel):
+    """Base of every weight format. Subclasses are registered in ``WEIGHT_FORMATS``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    requires_calibration: ClassVar[bool] = False
+
+    @property
+    def label(self) -> str:
+        """A short name derived from the config (never parsed back)."""
+        raise NotImplementedError
+
+    def prepare_model_(self, model: nn.Module) -> None:
+        """Whole-model changes made before any module is replaced (e.g. a dtype cast)."""
+
+    def quantize_module(self, name: str, module: nn.Module) -> nn.Module | None:
+        """A replacement for a selected linear module, or None to leave it as it is."""
+        return None
+
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Any) -> dict[str, Any]:
+        """Replace the ``selected`` linear modules in place; returns per-module details (may be empty).
+
+        The default quantizes each module on its own; calibrated formats override this.
+        """
+        details: dict[str, Any] = {}
+        for name in selected:
+            new = self.quantize_module(name, model.get_submodule(name))
+            if new is not None:
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent) if parent else model, child, new)
+                details[name] = {}
+        return details
+
+
+WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format")

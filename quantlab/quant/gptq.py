@@ -1,0 +1,59 @@
+"""GPTQ as a weight format: the pure solve in ``gptq_solve`` driven layer by layer on calibration data."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from .format import DTYPES, WEIGHT_FORMATS
+from .gptq_solve import gptq_quantize
+from .linear import QuantizedLinear, linear_weight
+from .qtensor import QuantizedTensor, quantize_tensor
+from .rtn import AffineFormat
+from .sequential import quantize_sequential_
+
+
+def output_error(weight: torch.Tensor, q: QuantizedTensor, hessian: torch.Tensor) -> float:
+    """Mean squared output error on the calibration inputs: ``tr(ΔW H ΔWᵀ) / 2`` per row of inputs."""
+    delta = weight.float() - q.dequantize()
+    return (0.5 * torch.einsum("oi,ij,oj->", delta, hessian, delta)).item()
+
+
+@WEIGHT_FORMATS.register("gptq", "GPTQ (Hessian-aware rounding, needs calibration); fields: bits, group_size, "
+                         "symmetric, act_order, damp, block_size, clip, scale_dtype, kernel")
+class GPTQFormat(AffineFormat):
+    requires_calibration: ClassVar[bool] = True
+    act_order: bool = Field(False, description="visit columns by decreasing Hessian diagonal (desc_act)")
+    damp: float = Field(0.01, gt=0, lt=1, description="added to the Hessian diagonal, as a share of its mean")
+    block_size: int = Field(128, ge=1, description="columns per lazy batch update")
+
+    @model_validator(mode="after")
+    def _no_per_tensor(self) -> "GPTQFormat":
+        if self.per_tensor:
+            raise ValueError("GPTQ quantizes per output channel or per group; per_tensor is not supported")
+        return self
+
+    @property
+    def label(self) -> str:
+        return super().label + "-gptq" + ("-act" if self.act_order else "")
+
+    def solve(self, weight: torch.Tensor, hessian: torch.Tensor) -> QuantizedTensor:
+        return gptq_quantize(weight, hessian, self.bits, self.group_size, self.symmetric, self.act_order,
+                             self.damp, self.block_size, DTYPES[self.scale_dtype], self.clip_search)
+
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Any) -> dict[str, Any]:
+        """Quantize ``selected`` linears layer by layer; records GPTQ's and RTN's output error per layer."""
+        errors: dict[str, dict[str, float]] = {}
+
+        def solve(name: str, module: nn.Module, hessian: torch.Tensor) -> nn.Module:
+            weight = linear_weight(module)
+            q = self.solve(weight, hessian)
+            rtn = quantize_tensor(weight, self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
+                                  clip=self.clip_search)
+            errors[name] = {"gptq": output_error(weight, q, hessian), "rtn": output_error(weight, rtn, hessian)}
+            return QuantizedLinear.from_linear(module, q, self.kernels)
+
+        stats = quantize_sequential_(model, selected, list(calibration), solve)
+        return {name: {**stats[name], **{f"output_error_{k}": v for k, v in errors[name].items()}} for name in errors}

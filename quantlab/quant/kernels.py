@@ -1,0 +1,217 @@
+"""Matmul paths for quantized weights. ``choose_kernel`` picks the fastest one that is correct for a tensor.
+
+Each kernel holds the tensors its path needs (converted once, at quantization
+time) in place of the generic packed layout, so the bytes measured are the
+bytes the matmul really reads. Preference: torch's int4 tinygemm (CUDA),
+torch's int4 CPU kernel, torch's int8 weight-only kernel, dequantize+matmul.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .qtensor import QuantizedTensor
+
+INT4_GROUPS = (32, 64, 128, 256)
+
+
+class Kernel(nn.Module):
+    """A weight stored for one matmul path; ``forward(x)`` returns ``x @ Wᵀ`` (no bias)."""
+
+    path: ClassVar[str]
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        raise NotImplementedError
+
+    def analytic_nbytes(self) -> int:
+        """Bytes this layout needs, from the tensor's shape, bits and groups alone."""
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight ``[out, in]`` this kernel multiplies by."""
+        raise NotImplementedError
+
+
+class DequantKernel(Kernel):
+    """Any affine format: unpack and dequantize the generic layout, then a dense matmul."""
+
+    path = "dequantize+matmul"
+
+    def __init__(self, q: QuantizedTensor) -> None:
+        super().__init__()
+        self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
+        self.register_buffer("packed", q.packed)
+        self.register_buffer("scales", q.scales)
+        self.register_buffer("zeros", q.zeros)
+        self.register_buffer("g_idx", q.g_idx)
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return True
+
+    @property
+    def qtensor(self) -> QuantizedTensor:
+        return QuantizedTensor(self.packed, self.scales, self.zeros, self.shape, self.bits, self.group_size, self.g_idx)
+
+    def analytic_nbytes(self) -> int:
+        q = self.qtensor
+        return QuantizedTensor.analytic_nbytes(q.shape, q.bits, q.group_size, q.symmetric,
+                                               q.scales.element_size(), q.g_idx is not None, q.per_tensor)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.qtensor.dequantize(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantize(x.dtype))
+
+
+def _column_order(q: QuantizedTensor) -> torch.Tensor | None:
+    """For act-order tensors: input columns sorted by group, so each group is contiguous."""
+    return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
+
+
+def _int4_scales_and_zeros(q: QuantizedTensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[in/group, out, 2]`` with ``(code - 8) * scale + zero == (code - z) * scale``."""
+    scale = q.row_scales().float()
+    zero = (8.0 - q.row_zero_points().float()) * scale
+    if q.group_size is None:  # per channel: repeat the row's parameters for every group
+        n = q.shape[1] // group
+        scale, zero = scale.expand(-1, n), zero.expand(-1, n)
+    return torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+
+
+def _int4_group(q: QuantizedTensor) -> int | None:
+    if q.group_size is not None:
+        return q.group_size if q.group_size in INT4_GROUPS else None
+    return 256 if q.shape[1] % 256 == 0 else None
+
+
+class Int4Kernel(Kernel):
+    """Shared layout of torch's int4 kernels: codes in a kernel-specific packing + per-group (scale, zero)."""
+
+    def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.shape, self.group = q.shape, _int4_group(q)
+        order = _column_order(q)
+        codes = q.codes() if order is None else q.codes()[:, order.long()]
+        self.register_buffer("packed", self._pack(codes))
+        self.register_buffer("scales_and_zeros", _int4_scales_and_zeros(q, self.group, dtype))
+        self.register_buffer("column_order", order)
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return q.bits == 4 and _int4_group(q) is not None
+
+    def analytic_nbytes(self) -> int:
+        out, n_in = self.shape
+        order = 4 * n_in if self.column_order is not None else 0
+        return out * n_in // 2 + (n_in // self.group) * out * 2 * self.scales_and_zeros.element_size() + order
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        eye = torch.eye(self.shape[1], dtype=self.scales_and_zeros.dtype, device=self.packed.device)
+        w = self._matmul(eye).t()  # columns in kernel order
+        if self.column_order is not None:
+            w = w[:, torch.argsort(self.column_order.long())]
+        return w.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.column_order is not None:
+            x = x.index_select(-1, self.column_order)
+        lead = x.shape[:-1]
+        y = self._matmul(x.reshape(-1, x.shape[-1]).to(self.scales_and_zeros.dtype))
+        return y.reshape(*lead, -1).to(x.dtype)
+
+
+class Int4CPUKernel(Int4Kernel):
+    """torch's ``_weight_int4pack_mm_for_cpu``."""
+
+    path = "int4pack_mm_cpu"
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        # Fast for bfloat16 activations only: with float32 ones it is slower than the dense fp32 matmul.
+        return (device.type == "cpu" and dtype == torch.bfloat16 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
+                and super().supports(q, device, dtype))
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
+
+
+class Int4TinyGemmKernel(Int4Kernel):
+    """torch's CUDA ``_weight_int4pack_mm`` (tinygemm), bfloat16 activations."""
+
+    path = "int4_tinygemm_cuda"
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cuda" and dtype == torch.bfloat16 and super().supports(q, device, dtype)
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        c = codes.to(torch.uint8)
+        return torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), 8)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm(x, self.packed, self.group, self.scales_and_zeros)
+
+
+class Int8Kernel(Kernel):
+    """torch's ``_weight_int8pack_mm``: int8 codes with one scale per output row.
+
+    Asymmetric rows add ``scale * (128 - zero) * sum(x)``, since ``(q - z) = (q - 128) + (128 - z)``.
+    """
+
+    path = "int8pack_mm"
+
+    def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.shape = q.shape
+        self.register_buffer("codes", (q.codes().to(torch.int16) - 128).to(torch.int8))
+        scales = q.row_scales()[:, 0]
+        self.register_buffer("scales", scales.to(dtype).contiguous())
+        offset = None if q.symmetric else ((128.0 - q.row_zero_points()[:, 0].float()) * scales.float()).to(dtype)
+        self.register_buffer("offset", offset)
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        # On CPU, fast for bfloat16 activations only (float32 ones run slower than the dense matmul).
+        fast_dtype = dtype == torch.bfloat16 or (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16))
+        return q.bits == 8 and q.group_size is None and fast_dtype and hasattr(torch, "_weight_int8pack_mm")
+
+    def analytic_nbytes(self) -> int:
+        out, n_in = self.shape
+        rows = 2 if self.offset is not None else 1
+        return out * n_in + rows * out * self.scales.element_size()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        w = self.codes.float() * self.scales.float()[:, None]
+        if self.offset is not None:
+            w = w + self.offset.float()[:, None]
+        return w.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]).to(self.scales.dtype)
+        y = torch._weight_int8pack_mm(x2, self.codes, self.scales)
+        if self.offset is not None:
+            y = y + x2.sum(-1, keepdim=True) * self.offset
+        return y.reshape(*lead, -1).to(x.dtype)
+
+
+KERNELS: dict[str, type[Kernel]] = {
+    k.path: k for k in (Int4TinyGemmKernel, Int4CPUKernel, Int8Kernel, DequantKernel)
+}
+
+
+def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None) -> Kernel:
+    """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations."""
+    for path, cls in KERNELS.items():
+        if (allowed is None or path in allowed) and cls.supports(q, device, dtype):
+            return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
+    raise ValueError(f"no kernel among {allowed} supports this tensor")

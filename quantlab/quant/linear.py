@@ -1,0 +1,61 @@
+"""QuantizedLinear: a linear layer whose weight is held by a quantized matmul kernel."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .kernels import Kernel, choose_kernel
+from .qtensor import QuantizedTensor
+
+try:  # GPT-2 style layers store the weight transposed ([in, out]).
+    from transformers.pytorch_utils import Conv1D
+except ImportError:  # pragma: no cover - transformers is a dependency
+    Conv1D = ()  # type: ignore[assignment]
+
+LINEAR_TYPES: tuple[type[nn.Module], ...] = (nn.Linear,) + ((Conv1D,) if isinstance(Conv1D, type) else ())
+
+
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """The weight of a linear-like module as ``[out, in]``."""
+    if isinstance(module, nn.Linear):
+        return module.weight.data
+    return module.weight.data.t()
+
+
+class QuantizedLinear(nn.Module):
+    """``y = x @ Wᵀ + b`` with W held by a ``Kernel`` (packed codes, scales, zeros in that kernel's layout)."""
+
+    def __init__(self, kernel: Kernel, bias: torch.Tensor | None, bits: int, group_size: int | None) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.out_features, self.in_features = kernel.shape
+        self.bits, self.group_size = bits, group_size
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None) -> "QuantizedLinear":
+        """Replace ``module``'s weight by ``q``, stored for the fastest kernel among ``kernels`` (default: any)."""
+        weight = linear_weight(module)
+        kernel = choose_kernel(q, weight.device, weight.dtype, kernels)
+        bias = module.bias.data.clone() if getattr(module, "bias", None) is not None else None
+        return cls(kernel, bias, q.bits, q.group_size)
+
+    @property
+    def kernel_path(self) -> str:
+        return self.kernel.path
+
+    def dequantize_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.kernel.dequantize(dtype)
+
+    def analytic_weight_bytes(self) -> int:
+        """Bytes the layer needs (kernel layout + bias), from its shape, bits and groups alone."""
+        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.kernel.analytic_nbytes() + bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.kernel(x)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        g = "per-channel" if self.group_size is None else f"group={self.group_size}"
+        return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, {g}, kernel={self.kernel_path}"

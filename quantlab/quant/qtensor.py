@@ -1,0 +1,128 @@
+"""QuantizedTensor: packed integer codes with group-wise scales and zero points."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UnsupportedError
+from .primitives import ClipSearch, choose_qparams, dequantize_affine, pack, packed_row_bytes, quantize_affine, unpack
+
+
+@dataclass
+class QuantizedTensor:
+    """A 2-D weight ``[out, in]`` stored as packed ``bits``-bit codes.
+
+    ``group_size`` is the number of consecutive input columns sharing a scale
+    (``None``: one group per output row). Symmetric tensors store no zeros.
+    """
+
+    packed: torch.Tensor  # uint8 [out, packed_row_bytes(in, bits)]
+    scales: torch.Tensor  # [out, n_groups]
+    zeros: torch.Tensor | None  # uint8 [out, packed_row_bytes(n_groups, bits)] or None (symmetric)
+    shape: tuple[int, int]
+    bits: int
+    group_size: int | None
+    g_idx: torch.Tensor | None = None  # int32 [in]: group of each input column (act-order); None = contiguous
+
+    @property
+    def n_groups(self) -> int:
+        return 1 if self.group_size is None else self.shape[1] // self.group_size
+
+    @property
+    def per_tensor(self) -> bool:
+        """One scale (and zero) for the whole tensor."""
+        return self.scales.shape[0] == 1 and self.shape[0] > 1
+
+    def row_scales(self) -> torch.Tensor:
+        """Scales as ``[out, n_groups]`` (a per-tensor scale repeated on every row)."""
+        return self.scales.expand(self.shape[0], -1)
+
+    def row_zero_points(self) -> torch.Tensor:
+        return self.zero_points().expand(self.shape[0], -1)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zeros is None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"packed": self.packed, "scales": self.scales}
+        if self.zeros is not None:
+            out["zeros"] = self.zeros
+        if self.g_idx is not None:
+            out["g_idx"] = self.g_idx
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually held: packed codes + scales + zero points (+ group indices)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.nbytes / (self.shape[0] * self.shape[1])
+
+    def codes(self) -> torch.Tensor:
+        return unpack(self.packed, self.bits, self.shape[1])
+
+    def zero_points(self) -> torch.Tensor:
+        if self.zeros is None:
+            return torch.full(self.scales.shape, 1 << (self.bits - 1), dtype=torch.uint8, device=self.scales.device)
+        return unpack(self.zeros, self.bits, self.n_groups)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        out, n_in = self.shape
+        if self.g_idx is not None:  # columns belong to groups out of order: gather per column
+            g = self.g_idx.long()
+            return dequantize_affine(self.codes().unsqueeze(-1), self.scales[:, g], self.zero_points()[:, g], dtype).squeeze(-1)
+        q = self.codes().reshape(out, self.n_groups, -1)
+        return dequantize_affine(q, self.scales, self.zero_points(), dtype).reshape(out, n_in)
+
+    @staticmethod
+    def analytic_nbytes(
+        shape: tuple[int, int], bits: int, group_size: int | None, symmetric: bool, scale_bytes: int,
+        act_order: bool = False, per_tensor: bool = False,
+    ) -> int:
+        """Bytes the format needs for ``shape``, from bits, group size and metadata alone."""
+        out, n_in = shape
+        groups = 1 if group_size is None else n_in // group_size
+        param_rows = 1 if per_tensor else out
+        zeros = 0 if symmetric else param_rows * packed_row_bytes(groups, bits)
+        g_idx = 4 * n_in if act_order else 0
+        return out * packed_row_bytes(n_in, bits) + param_rows * groups * scale_bytes + zeros + g_idx
+
+
+def quantize_tensor(
+    x: torch.Tensor,
+    bits: int,
+    group_size: int | None = None,
+    symmetric: bool = False,
+    scale_dtype: torch.dtype = torch.float16,
+    per_tensor: bool = False,
+    clip: ClipSearch | None = None,
+) -> QuantizedTensor:
+    """Affine round-to-nearest quantization of a 2-D tensor ``[out, in]``.
+
+    Scales are per output channel (``group_size=None``), per group of ``group_size`` input columns,
+    or one for the whole tensor (``per_tensor=True``). ``clip`` searches a narrower range per group.
+    """
+    if x.dim() != 2:
+        raise UnsupportedError(f"quantize_tensor expects a 2-D tensor, got shape {tuple(x.shape)}")
+    if not 1 <= bits <= 8:
+        raise UnsupportedError(f"bits must be between 1 and 8, got {bits}")
+    out, n_in = x.shape
+    if group_size is not None and (group_size <= 0 or n_in % group_size):
+        raise UnsupportedError(f"group size {group_size} does not divide the input dimension {n_in}")
+    if per_tensor and group_size is not None:
+        raise UnsupportedError("per_tensor and group_size exclude each other")
+    groups = x.reshape(1 if per_tensor else out, 1 if group_size is None else n_in // group_size, -1)
+    scale, zero = choose_qparams(groups, bits, symmetric, scale_dtype, clip)
+    codes = quantize_affine(groups, scale, zero, bits).reshape(out, n_in)
+    return QuantizedTensor(
+        packed=pack(codes, bits),
+        scales=scale,
+        zeros=None if symmetric else pack(zero, bits),
+        shape=(out, n_in),
+        bits=bits,
+        group_size=group_size,
+    )

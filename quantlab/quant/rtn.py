@@ -1,0 +1,72 @@
+"""Affine round-to-nearest weight quantization (per output channel or in groups along the input)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from torch import nn
+
+from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
+from .kernels import KERNELS
+from .linear import QuantizedLinear, linear_weight
+from .primitives import ClipSearch
+from .qtensor import quantize_tensor
+
+
+class AffineFormat(WeightFormat):
+    """Fields shared by integer affine formats."""
+
+    bits: int = Field(ge=2, le=8)
+    group_size: int | None = Field(default=None, gt=0, description="input columns per scale; null = per output channel")
+    symmetric: bool = False
+    per_tensor: bool = Field(False, description="one scale for the whole tensor (excludes group_size)")
+    clip: Literal["none", "mse"] = Field("none", description="mse: search a narrower range per group (grid 100, shrink <= 0.8, norm 2.4)")
+    scale_dtype: DtypeName = "float16"
+    compute_dtype: DtypeName | None = Field(default=None, description="activation dtype; null keeps the model's")
+    kernel: Literal["auto", *KERNELS] = Field("auto", description="matmul path; auto takes the fastest that supports the tensor")  # type: ignore[valid-type]
+
+    @property
+    def kernels(self) -> list[str] | None:
+        return None if self.kernel == "auto" else [self.kernel]
+
+    @model_validator(mode="after")
+    def _granularity(self) -> "AffineFormat":
+        if self.group_size is not None and self.group_size & (self.group_size - 1):
+            raise ValueError(f"group_size must be a power of two (e.g. 32, 64, 128), got {self.group_size}")
+        if self.per_tensor and self.group_size is not None:
+            raise ValueError("per_tensor: true excludes group_size; drop one")
+        return self
+
+    @property
+    def clip_search(self) -> ClipSearch | None:
+        return ClipSearch() if self.clip == "mse" else None
+
+    @property
+    def label(self) -> str:
+        granularity = "pt" if self.per_tensor else "pc" if self.group_size is None else f"g{self.group_size}"
+        parts = [f"int{self.bits}", granularity, "sym" if self.symmetric else "asym"]
+        if self.clip != "none":
+            parts.append(self.clip)
+        if self.compute_dtype:
+            parts.append(SHORT_DTYPE[self.compute_dtype])
+        if self.kernel != "auto":
+            parts.append(self.kernel)
+        return "-".join(parts)
+
+    def prepare_model_(self, model: nn.Module) -> None:
+        if self.compute_dtype:
+            model.to(DTYPES[self.compute_dtype])
+
+
+@WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, scale_dtype, kernel")
+class RTNFormat(AffineFormat):
+    def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
+        q = quantize_tensor(linear_weight(module), self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
+                            self.per_tensor, self.clip_search)
+        return QuantizedLinear.from_linear(module, q, self.kernels)
+
+
+WEIGHT_FORMATS.add("int8", RTNFormat, "8-bit affine round-to-nearest, per output channel", bits=8)
+WEIGHT_FORMATS.add("int4", RTNFormat, "4-bit affine round-to-nearest; set group_size (e.g. 128)", bits=4)
+WEIGHT_FORMATS.add("int3", RTNFormat, "3-bit affine round-to-nearest; set group_size (e.g. 128)", bits=3)
+WEIGHT_FORMATS.add("int2", RTNFormat, "2-bit affine round-to-nearest; set group_size (e.g. 64)", bits=2)

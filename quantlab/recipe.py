@@ -1,0 +1,257 @@
+"""Recipes: YAML files naming a model, the formats to compare, the workload and the evaluations.
+
+Validation is strict: unknown keys, unknown format names, impossible values
+and missing files raise ``RecipeError`` naming the file and the field path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .data import BUILTIN_TEXTS
+from .errors import QuantlabError, RecipeError
+from .kv import KV_FORMATS, KVFormat
+from .models import bundled_models
+from .quant import WEIGHT_FORMATS, WeightFormat
+from .registry import Registry
+from .validation import first_error, unknown_field_message
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(Strict):
+    """Where the model comes from: exactly one of ``bundled``, ``path``, ``hub`` or ``config``."""
+
+    bundled: str | None = Field(None, description="name of a model shipped with quantlab")
+    path: str | None = Field(None, description="local model folder (relative to the recipe file)")
+    hub: str | None = Field(None, description="Hugging Face hub id (needs the hub)")
+    config: str | None = Field(None, description="a config.json file; implies synthetic weights")
+    synthetic: bool = Field(False, description="random weights at the config's real shapes (speed and memory only)")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    revision: str | None = None
+    gguf_file: str | None = None
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSpec":
+        given = [k for k in ("bundled", "path", "hub", "config") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of bundled, path, hub or config" + (f" (got {', '.join(given)})" if given else ""))
+        if self.config and not self.synthetic:
+            raise ValueError("a bare config has no weights: set synthetic: true, or give path/hub")
+        return self
+
+    @field_validator("bundled")
+    @classmethod
+    def _known_bundled(cls, v: str | None) -> str | None:
+        if v is not None and v not in bundled_models():
+            from .registry import UnknownNameError
+
+            raise ValueError(str(UnknownNameError("bundled model", v, sorted(bundled_models()))))
+        return v
+
+    @property
+    def label(self) -> str:
+        name = self.bundled or self.hub or Path(self.path or self.config or "").name
+        return f"{name} (synthetic)" if self.synthetic else name
+
+
+class Workload(Strict):
+    batch_size: int = Field(1, ge=1)
+    prompt_tokens: int = Field(64, ge=1)
+    new_tokens: int = Field(32, ge=2, description="decode steps timed per run")
+    warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
+    prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
+
+
+class PerplexityEval(Strict):
+    protocol: Literal["windows"] = "windows"
+    window_tokens: int = Field(256, ge=2)
+    max_tokens: int | None = Field(None, ge=2, description="score at most this many tokens of the text")
+    text: str = Field("bundled-heldout", description=f"one of {', '.join(BUILTIN_TEXTS)} or a .txt/.jsonl file")
+    batch_size: int = Field(8, ge=1, description="windows per forward pass")
+
+
+class Calibration(Strict):
+    """Calibration data for formats that need it (GPTQ): random windows of a text."""
+
+    text: str = Field("stdlib-train", description=f"one of {', '.join(BUILTIN_TEXTS)} or a .txt/.jsonl file")
+    samples: int = Field(128, ge=1)
+    seq_len: int = Field(256, ge=2)
+    seed: int = 0
+
+
+class Evaluations(Strict):
+    perplexity: PerplexityEval | None = None
+
+
+class Recipe(Strict):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="used as the report folder name")
+    description: str = ""
+    model: ModelSpec
+    weights: list[WeightFormat] = Field(min_length=1)
+    kv_cache: list[KVFormat] = Field(default_factory=list)
+    workload: Workload = Workload()
+    evaluations: Evaluations = Evaluations()
+    calibration: Calibration = Calibration()
+    baseline: str | None = Field(None, description="variant label of the baseline (default: the first)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    isolation: Literal["process", "none"] = Field("process", description="run each variant in its own process")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        if not self.kv_cache:
+            object.__setattr__(self, "kv_cache", [KV_FORMATS["native"].build()])
+        labels = [v.label for v in self.variants()]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"two variants share the label '{dupes[0]}'; remove one")
+        if self.baseline is not None and self.baseline not in labels:
+            raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
+        if self.model.synthetic and self.evaluations.perplexity:
+            raise ValueError("perplexity needs trained weights; a synthetic model has random ones")
+        return self
+
+    def variants(self) -> list["Variant"]:
+        multi_kv = len(self.kv_cache) > 1
+        return [Variant(self, w, kv, multi_kv) for w in self.weights for kv in self.kv_cache]
+
+    @property
+    def baseline_label(self) -> str:
+        return self.baseline or self.variants()[0].label
+
+    def to_spec(self) -> dict[str, Any]:
+        """A plain dict that ``validate_recipe`` turns back into an equal recipe."""
+        spec = self.model_dump(mode="json", exclude={"weights", "kv_cache"})
+        spec["weights"] = [format_spec(WEIGHT_FORMATS, w) for w in self.weights]
+        spec["kv_cache"] = [format_spec(KV_FORMATS, k) for k in self.kv_cache]
+        return spec
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One weight format x one KV format of a recipe."""
+
+    recipe: Recipe
+    weight: WeightFormat
+    kv: KVFormat
+    show_kv: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.weight.label}/kv-{self.kv.label}" if self.show_kv else self.weight.label
+
+    @property
+    def key(self) -> str:
+        """A hash of everything that determines this variant's results (resume key)."""
+        r = self.recipe
+        payload = {
+            "model": r.model.model_dump(mode="json"), "weight": format_spec(WEIGHT_FORMATS, self.weight),
+            "kv": format_spec(KV_FORMATS, self.kv), "workload": r.workload.model_dump(mode="json"),
+            "evaluations": r.evaluations.model_dump(mode="json"), "device": r.device, "seed": r.seed,
+        }
+        if self.weight.requires_calibration:
+            payload["calibration"] = r.calibration.model_dump(mode="json")
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def format_spec(registry: Registry[Any], fmt: BaseModel) -> dict[str, Any]:
+    return {"format": registry.canonical_name(fmt), **fmt.model_dump(mode="json")}
+
+
+def _resolve_format(registry: Registry[Any], entry: Any, file: str, where: str) -> Any:
+    if isinstance(entry, str):
+        entry = {"format": entry}
+    if not isinstance(entry, dict):
+        raise RecipeError(file, where, f"expected a format name or a mapping with 'format', got {type(entry).__name__}")
+    params = dict(entry)
+    name = params.pop("format", None)
+    if not isinstance(name, str):
+        raise RecipeError(file, f"{where}.format", f"required: one of {', '.join(registry.names())}")
+    try:
+        preset = registry[name]
+    except QuantlabError as e:
+        raise RecipeError(file, f"{where}.format", str(e)) from None
+    allowed = [f for f in preset.cls.model_fields if f not in preset.fixed]
+    for key in params:
+        if key in preset.fixed:
+            raise RecipeError(file, f"{where}.{key}", f"'{key}' is fixed by format '{name}' (settable: {', '.join(allowed)})")
+        if key not in preset.cls.model_fields:
+            raise RecipeError(file, f"{where}.{key}", unknown_field_message(key, ["format", *allowed]))
+    try:
+        return preset.build(**params)
+    except ValidationError as e:
+        path, msg = first_error(e, preset.cls, where)
+        raise RecipeError(file, path, msg) from None
+
+
+def _resolve_formats(data: dict[str, Any], key: str, registry: Registry[Any], file: str) -> None:
+    entries = data.get(key)
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise RecipeError(file, key, f"expected a list of formats (known: {', '.join(registry.names())})")
+    data[key] = [_resolve_format(registry, e, file, f"{key}[{i}]") for i, e in enumerate(entries)]
+
+
+def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
+    model = data.get("model")
+    if isinstance(model, dict):
+        for key in ("path", "config"):
+            if isinstance(model.get(key), str):
+                p = (base / os.path.expanduser(model[key])).resolve()
+                if not p.exists():
+                    raise RecipeError(file, f"model.{key}", f"no such {'folder' if key == 'path' else 'file'}: {p}")
+                model[key] = str(p)
+    ppl = (data.get("evaluations") or {}).get("perplexity") if isinstance(data.get("evaluations"), dict) else None
+    for where, section in (("evaluations.perplexity", ppl), ("calibration", data.get("calibration"))):
+        if isinstance(section, dict) and isinstance(section.get("text"), str) and section["text"] not in BUILTIN_TEXTS:
+            p = (base / os.path.expanduser(section["text"])).resolve()
+            if not p.is_file():
+                raise RecipeError(file, f"{where}.text", f"no such file: {p} (or one of: {', '.join(BUILTIN_TEXTS)})")
+            section["text"] = str(p)
+
+
+def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+    """Validate a parsed recipe mapping; relative paths resolve against ``base_dir``."""
+    if not isinstance(data, dict):
+        raise RecipeError(file, "", "a recipe must be a YAML mapping (name:, model:, weights:, ...)")
+    data = json.loads(json.dumps(data, default=str))  # a deep copy we may edit
+    for key in data:
+        if key not in Recipe.model_fields:
+            raise RecipeError(file, str(key), unknown_field_message(str(key), list(Recipe.model_fields)))
+    _resolve_paths(data, base_dir or Path.cwd(), file)
+    _resolve_formats(data, "weights", WEIGHT_FORMATS, file)
+    _resolve_formats(data, "kv_cache", KV_FORMATS, file)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        path, msg = first_error(e, Recipe)
+        raise RecipeError(file, path, msg) from None
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read and validate a recipe YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(str(p), "", "no such recipe file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise RecipeError(str(p), where, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+    return validate_recipe(data, str(p), p.parent)

@@ -1,0 +1,77 @@
+"""report.md: the comparison table and how every figure was obtained."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..measure.perplexity import protocol_summary
+from .table import MIB
+
+
+def _num(x: Any, fmt: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return format(x, fmt)
+
+
+def _table(frame: pd.DataFrame) -> list[str]:
+    head = ("| variant | status | weights MiB | × base | analytic MiB | peak MiB | prefill ms | decode ms/token "
+            "(p10–p90) | tokens/s | × base | perplexity | Δ base |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for _, r in frame.iterrows():
+        get = r.get
+        if get("status") != "ok":
+            lines.append(f"| {r['variant']} | **failed**: {get('error')} |" + " |" * 10)
+            continue
+        decode = f"{_num(get('decode_ms_per_token'), '.2f')} ({_num(get('decode_ms_p10'), '.2f')}–{_num(get('decode_ms_p90'), '.2f')})"
+        lines.append(
+            f"| {r['variant']} | ok | {_num(get('weight_bytes', 0) / MIB, '.3f')} | {_num(get('weight_bytes_ratio'), '.3f')} "
+            f"| {_num(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {_num(get('peak_memory_bytes', 0) / MIB, '.1f')} "
+            f"| {_num(get('prefill_ms'), '.2f')} | {decode} | {_num(get('tokens_per_s'), '.1f')} "
+            f"| {_num(get('tokens_per_s_ratio'), '.2f')} | {_num(get('perplexity'), '.3f')} | {_num(get('perplexity_delta'), '+.3f')} |"
+        )
+    return lines
+
+
+def _first_ok(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next((r for r in rows if r.get("status") == "ok"), rows[0] if rows else {})
+
+
+def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
+    recipe = manifest.get("recipe", {})
+    ok = _first_ok(rows)
+    env = ok.get("environment") or manifest.get("environment", {})
+    w = recipe.get("workload", {})
+    lines = [
+        f"# quantlab report: {recipe.get('name', ok.get('recipe', '?'))}",
+        "",
+        f"Model **{ok.get('model', '?')}** on **{ok.get('device', '?')}**; baseline **{manifest.get('baseline')}**."
+        + ("" if manifest.get("complete", True) else "  \n**Incomplete run**: some variants have not been measured yet."),
+        "",
+        *_table(frame),
+        "",
+        "## How these figures were obtained",
+        "",
+        "- **weights MiB**: measured, bytes of every parameter and buffer the model holds after quantization "
+        "(packed codes, scales and zero points included; tied tensors counted once). **analytic MiB**: the same "
+        "total from each format's bits, group size and metadata.",
+        f"- **peak MiB**: measured during one generation of the workload; method: {ok.get('peak_memory_method', '—')}.",
+        f"- **latency**: engine `{ok.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache), "
+        f"batch {w.get('batch_size')}, prompt {w.get('prompt_tokens')} tokens, {w.get('new_tokens')} decode steps "
+        f"after {w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "
+        "decode ms/token is the median step (p10–p90 beside it); the device is synchronized around every timed step. "
+        "tokens/s = batch × 1000 / median step.",
+    ]
+    if ok.get("perplexity_protocol_name") or ok.get("perplexity_protocol"):
+        proto = ok.get("perplexity_protocol") or {}
+        lines.append(f"- **perplexity**: token perplexity, protocol {protocol_summary(proto)}.")
+    kernels = sorted({r.get("kernel_path") for r in rows if r.get("kernel_path")})
+    lines += [
+        f"- **kernel paths**: {', '.join(kernels) or '—'}.",
+        f"- **environment**: Python {env.get('python')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
+        f"quantlab commit {env.get('quantlab_commit') or 'unknown'}.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""The comparison table: one row per variant, baseline first, ratios to the baseline."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+MIB = 1 << 20
+
+
+def flatten(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as a flat frame: nested records become ``parent_child`` columns."""
+    frame = pd.json_normalize(rows, sep="_")
+    return frame
+
+
+def order_baseline_first(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    first = frame["variant"] == baseline
+    return pd.concat([frame[first], frame[~first]], ignore_index=True)
+
+
+def comparison(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Add ratio columns against the baseline row (NaN when the baseline failed)."""
+    frame = order_baseline_first(frame, baseline)
+    base = frame[(frame["variant"] == baseline) & (frame["status"] == "ok")]
+    out = frame.copy()
+    for col, ratio in (("weight_bytes", "weight_bytes_ratio"), ("peak_memory_bytes", "peak_memory_ratio"),
+                       ("tokens_per_s", "tokens_per_s_ratio"), ("decode_ms_per_token", "decode_ms_ratio")):
+        if col in out:
+            out[ratio] = out[col] / base[col].iloc[0] if len(base) else float("nan")
+    if "perplexity" in out:
+        out["perplexity_delta"] = out["perplexity"] - base["perplexity"].iloc[0] if len(base) else float("nan")
+    return out

@@ -1,0 +1,162 @@
+"""Run a recipe: each variant loaded, quantized and measured (in its own process by default), then reported."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .data import calibration_samples, load_text
+from .environment import environment
+from .measure.device import describe_device, resolve_device
+from .measure.latency import measure_decode
+from .measure.memory import rss_bytes, weight_bytes_analytic, weight_bytes_by_component
+from .measure.perplexity import tokenize, windows_perplexity
+from .models import LoadedModel, load_config, load_model
+from .quant import quantize_
+from .recipe import Recipe, Variant, validate_recipe
+from .results import MANIFEST_FILE, ResultStore, atomic_write_text
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _base_row(recipe: Recipe, variant: Variant) -> dict[str, Any]:
+    return {
+        "device": describe_device(resolve_device(recipe.device)), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
+        "model": recipe.model.label, "weight_format": variant.weight.label, "kv_format": variant.kv.label,
+        "batch_size": recipe.workload.batch_size, "prompt_tokens": recipe.workload.prompt_tokens,
+        "new_tokens": recipe.workload.new_tokens,
+    }
+
+
+def _kernel_paths(model: torch.nn.Module) -> str:
+    paths = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")})
+    return ",".join(paths) or "dense"
+
+
+def _calibration(recipe: Recipe, loaded: LoadedModel) -> list[torch.Tensor]:
+    c = recipe.calibration
+    if loaded.tokenizer is None:  # synthetic weights: random tokens exercise the same path
+        g = torch.Generator().manual_seed(c.seed)
+        return [torch.randint(0, loaded.model.config.vocab_size, (1, c.seq_len), generator=g) for _ in range(c.samples)]
+    return calibration_samples(tokenize(loaded.tokenizer, load_text(c.text)), c.samples, c.seq_len, c.seed)
+
+
+def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
+    """Load, quantize and measure one variant in this process."""
+    device = resolve_device(recipe.device)
+    row = _base_row(recipe, variant)
+    row.update(started_at=_now(), rss_before_load_bytes=rss_bytes())
+    start = time.perf_counter()
+    loaded = load_model(recipe.model, device, recipe.seed)
+    model = loaded.model
+    calibration = _calibration(recipe, loaded) if variant.weight.requires_calibration else None
+    report = quantize_(model, variant.weight, calibration)
+    components = weight_bytes_by_component(model)
+    row.update(
+        quantized_modules=len(report.replaced), kernel_path=_kernel_paths(model), quantize_s=round(time.perf_counter() - start, 3),
+        weight_bytes=sum(components.values()), weight_bytes_analytic=weight_bytes_analytic(model),
+        **{f"weight_bytes_{k}": v for k, v in components.items()},
+    )
+    w = recipe.workload
+    decode = measure_decode(model, variant.kv, batch_size=w.batch_size, prompt_tokens=w.prompt_tokens,
+                            new_tokens=w.new_tokens, warmup_runs=w.warmup_runs,
+                            prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device)
+    row.update(decode.record(w.batch_size))
+    ppl = recipe.evaluations.perplexity
+    if ppl is not None:
+        text = load_text(ppl.text)
+        row.update(windows_perplexity(model, tokenize(loaded.tokenizer, text), text, window_tokens=ppl.window_tokens,
+                                      batch_size=ppl.batch_size, device=device, max_tokens=ppl.max_tokens))
+    row.update(status="ok", error=None, wall_s=round(time.perf_counter() - start, 3), environment=environment())
+    return row
+
+
+def _failed(recipe: Recipe, variant: Variant, error: str) -> dict[str, Any]:
+    return {**_base_row(recipe, variant), "status": "failed", "error": error, "finished_at": _now()}
+
+
+def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
+    """``measure_variant``, with any failure (out of memory, unsupported shape, ...) recorded as a failed row."""
+    try:
+        return measure_variant(recipe, variant)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # a failed variant is a result, not the end of the run
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        traceback.print_exc(file=sys.stderr)
+        return _failed(recipe, variant, f"{type(e).__name__}: {first}")
+
+
+def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
+    variant = recipe.variants()[index]
+    with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
+        spec, out = Path(tmp) / "recipe.json", Path(tmp) / "row.json"
+        spec.write_text(json.dumps(recipe.to_spec()))
+        proc = subprocess.run([sys.executable, "-m", "quantlab.worker", str(spec), str(index), str(out)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if out.is_file():
+            return json.loads(out.read_text())
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        why = lines[-1] if lines else "no output"
+        return _failed(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
+
+
+def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr) -> Path:
+    """Run every variant not already finished in ``out_dir``, then write the report. Returns ``out_dir``."""
+    from .report import write_report
+
+    out_dir = Path(out_dir or Path("reports") / recipe.name)
+    load_config(recipe.model)  # fail before writing anything if the model cannot be found
+    resolve_device(recipe.device)
+    variants = recipe.variants()
+    keys = [v.key for v in variants]
+    store = ResultStore(out_dir)
+    stale = [k for k in store.rows if k not in keys]
+    for k in stale:
+        del store.rows[k]
+    if stale:
+        log(f"dropping {len(stale)} result rows of a different recipe from {out_dir}")
+    manifest = {
+        "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": keys,
+        "variants": [v.label for v in variants], "complete": False, "started_at": _now(), "environment": environment(),
+    }
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
+    store.flush()
+    for i, variant in enumerate(variants):
+        tag = f"[{i + 1}/{len(variants)}] {variant.label}"
+        if store.finished(variant.key):
+            log(f"{tag}: already measured, skipped")
+            continue
+        log(f"{tag}: running")
+        row = _measure_in_subprocess(recipe, i) if recipe.isolation == "process" else measure_variant_safely(recipe, variant)
+        store.put(row)
+        log(f"{tag}: {row['status']}" + (f" ({row['error']})" if row["status"] != "ok" else ""))
+    manifest.update(complete=True, finished_at=_now())
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
+    write_report(out_dir)
+    return out_dir
+
+
+def worker_main(argv: list[str]) -> int:
+    """Entry point of a variant's own process: ``python -m quantlab.worker RECIPE.json INDEX OUT.json``."""
+    spec_path, index, out_path = Path(argv[0]), int(argv[1]), Path(argv[2])
+    recipe = validate_recipe(json.loads(spec_path.read_text()), str(spec_path))
+    row = measure_variant_safely(recipe, recipe.variants()[index])
+    atomic_write_text(out_path, json.dumps(row))
+    return 0

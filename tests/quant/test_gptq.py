@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from quantlab import WEIGHT_FORMATS, UnsupportedError, gptq_quantize, quantize_, quantize_tensor
+from quantlab.quant.gptq import output_error
+from quantlab.quant.qtensor import QuantizedTensor
+from tests.conftest import make_llama
+
+
+def _problem(n_in: int = 256, out: int = 64, n: int = 2048, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(n_in, n_in, generator=g) / n_in**0.5
+    x = torch.randn(n, n_in, generator=g) @ mix + 0.05 * torch.randn(n, n_in, generator=g)
+    w = torch.randn(out, n_in, generator=g) * 0.05
+    return w, x, 2 * x.T @ x / n
+
+
+@pytest.mark.parametrize("bits,group_size,act_order", [(4, None, False), (4, 128, False), (4, 64, True), (3, 128, True), (2, 64, False)])
+def test_gptq_output_error_is_below_rtn(bits: int, group_size: int | None, act_order: bool) -> None:
+    w, x, h = _problem()
+    q = gptq_quantize(w, h, bits, group_size, act_order=act_order)
+    rtn = quantize_tensor(w, bits, group_size)
+    gptq_err = (x @ (w - q.dequantize()).T).pow(2).mean()
+    rtn_err = (x @ (w - rtn.dequantize()).T).pow(2).mean()
+    assert gptq_err < 0.8 * rtn_err
+    assert output_error(w, q, h) == pytest.approx(gptq_err.item() * w.shape[0], rel=1e-3)
+
+
+def test_identity_hessian_reduces_to_round_to_nearest() -> None:
+    w, _, _ = _problem()
+    q = gptq_quantize(w, torch.eye(256), 4, 64, damp=1e-6)
+    assert torch.equal(q.codes(), quantize_tensor(w, 4, 64).codes())
+
+
+def test_act_order_records_the_group_of_every_column() -> None:
+    w, _, h = _problem()
+    q = gptq_quantize(w, h, 4, 64, act_order=True)
+    assert q.g_idx is not None and q.g_idx.dtype == torch.int32
+    assert torch.bincount(q.g_idx.long()).tolist() == [64] * 4
+    perm = torch.argsort(h.diagonal(), descending=True)
+    assert torch.equal(q.g_idx[perm].long(), torch.arange(256) // 64)
+    assert q.nbytes == QuantizedTensor.analytic_nbytes((64, 256), 4, 64, False, 2, act_order=True)
+
+
+def test_dead_inputs_get_zero_weight_and_finite_scales() -> None:
+    w, x, _ = _problem()
+    x[:, :10] = 0
+    q = gptq_quantize(w, 2 * x.T @ x / x.shape[0], 4, 128)
+    assert torch.isfinite(q.scales).all()
+    assert torch.equal(q.dequantize()[:, :10], torch.zeros(64, 10))
+
+
+def test_symmetric_gptq_stores_no_zeros() -> None:
+    w, _, h = _problem()
+    q = gptq_quantize(w, h, 4, 128, symmetric=True)
+    assert q.zeros is None and q.nbytes == 64 * 128 + 64 * 2 * 2
+
+
+def test_shape_errors() -> None:
+    w, _, h = _problem()
+    with pytest.raises(UnsupportedError, match="Hessian shape"):
+        gptq_quantize(w, h[:10, :10], 4)
+    with pytest.raises(UnsupportedError, match="does not divide"):
+        gptq_quantize(w, h, 4, 96 * 2)
+
+
+def test_sequential_gptq_beats_rtn_on_every_layer() -> None:
+    model = make_llama()
+    g = torch.Generator().manual_seed(0)
+    calibration = [torch.randint(0, 4096, (1, 64), generator=g) for _ in range(8)]
+    fmt = WEIGHT_FORMATS["gptq"].build(bits=4, group_size=64)
+    report = quantize_(model, fmt, calibration)
+    assert len(report.replaced) == 14 and report.kept == ["lm_head"]
+    for name, d in report.details.items():
+        assert d["calibration_rows"] == 8 * 64
+        assert d["output_error_gptq"] <= d["output_error_rtn"], name
+    assert fmt.label == "int4-g64-asym-gptq"
+
+
+def test_gptq_needs_calibration() -> None:
+    with pytest.raises(ValueError, match="needs calibration"):
+        quantize_(make_llama(), WEIGHT_FORMATS["gptq"].build(bits=4))

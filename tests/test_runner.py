@@ -1,0 +1,101 @@
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantlab import run_recipe, validate_recipe
+from quantlab.results import read_jsonl
+
+WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1}
+
+
+@pytest.fixture(scope="module")
+def quickstart_slice(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart's real path (bundled model, one process per variant) on fewer tokens."""
+    recipe = validate_recipe({
+        "name": "quickstart-slice",
+        "model": {"bundled": "tiny-stdlib-llama"},
+        "weights": ["fp32", "bf16", {"format": "int8"}, {"format": "int4", "group_size": 128}],
+        "workload": WORKLOAD,
+        "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 4096}},
+        "device": "cpu",
+    })
+    return run_recipe(recipe, tmp_path_factory.mktemp("run") / "out", log=lambda _: None)
+
+
+def test_every_variant_is_measured_with_units_and_protocol(quickstart_slice: Path) -> None:
+    rows = read_jsonl(quickstart_slice / "results.jsonl")
+    assert [r["variant"] for r in rows] == ["fp32", "bf16", "int8-pc-asym", "int4-g128-asym"]
+    for r in rows:
+        assert r["status"] == "ok", r.get("error")
+        assert r["weight_bytes"] == r["weight_bytes_analytic"]
+        assert r["peak_memory_bytes"] > r["weight_bytes"]
+        assert r["prefill_ms"] > 0 and 0 < r["decode_ms_p10"] <= r["decode_ms_per_token"] <= r["decode_ms_p90"]
+        assert r["tokens_per_s"] == pytest.approx(1000 / r["decode_ms_per_token"], rel=1e-3)
+        assert r["decode_steps"] == 4 and r["kv_format"] == "native" and r["device"].startswith("cpu")
+        proto = r["perplexity_protocol"]
+        assert proto["name"] == "windows" and proto["scored_tokens"] == 16 * 255 and len(proto["text_sha256"]) == 64
+        assert math.isfinite(r["perplexity"])
+    size = {r["variant"]: r["weight_bytes"] for r in rows}
+    assert size["fp32"] > size["bf16"] > size["int8-pc-asym"] > size["int4-g128-asym"]
+    ppl = {r["variant"]: r["perplexity"] for r in rows}
+    assert ppl["int4-g128-asym"] > ppl["fp32"]
+    assert abs(ppl["int8-pc-asym"] - ppl["fp32"]) < abs(ppl["int4-g128-asym"] - ppl["fp32"])
+
+
+def test_report_and_csv_put_the_baseline_first(quickstart_slice: Path) -> None:
+    report = (quickstart_slice / "report.md").read_text()
+    table = [ln for ln in report.splitlines() if ln.startswith("| ") and "variant" not in ln]
+    assert table[0].startswith("| fp32 | ok |") and len(table) == 4
+    assert "windows: window 256, stride 256" in report
+    csv = (quickstart_slice / "results.csv").read_text().splitlines()
+    assert len(csv) == 5 and "weight_bytes_ratio" in csv[0]
+    assert json.loads((quickstart_slice / "manifest.json").read_text())["complete"] is True
+
+
+def test_report_is_rebuilt_from_results_jsonl(quickstart_slice: Path) -> None:
+    before = (quickstart_slice / "report.md").read_text()
+    (quickstart_slice / "report.md").unlink()
+    (quickstart_slice / "results.csv").unlink()
+    proc = subprocess.run([sys.executable, "-m", "quantlab.cli", "report", str(quickstart_slice)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (quickstart_slice / "report.md").read_text() == before
+    assert (quickstart_slice / "results.csv").is_file()
+
+
+def _small_recipe(model_dir: Path, weights: list) -> dict:
+    return {"name": "small", "model": {"path": str(model_dir)}, "weights": weights, "workload": WORKLOAD,
+            "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 512}}, "isolation": "none", "device": "cpu"}
+
+
+def test_a_failing_variant_is_recorded_and_the_run_goes_on(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", {"format": "int4", "group_size": 256}, "int8"]))
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = {r["variant"]: r for r in read_jsonl(out / "results.jsonl")}
+    assert rows["int4-g256-asym"]["status"] == "failed"
+    assert "does not divide the input dimension 128" in rows["int4-g256-asym"]["error"]
+    assert rows["fp32"]["status"] == rows["int8-pc-asym"]["status"] == "ok"
+    assert "**failed**: UnsupportedError" in (out / "report.md").read_text()
+
+
+def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    first = read_jsonl(out / "results.jsonl")
+    logs: list[str] = []
+    run_recipe(recipe, out, log=logs.append)
+    assert read_jsonl(out / "results.jsonl") == first
+    assert sum("already measured" in m for m in logs) == 2
+
+
+def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe({
+        "name": "synthetic", "model": {"config": str(small_model_dir / "config.json"), "synthetic": True},
+        "weights": ["fp32", {"format": "int4", "group_size": 64}], "workload": WORKLOAD, "isolation": "none",
+    })
+    rows = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert "perplexity" not in rows[0] and rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
