@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -81,7 +83,17 @@ def rss_bytes() -> int:
     return 0
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so RSS reflects live memory."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _reset_peak_rss() -> bool:
+    release_freed_memory()
     try:
         _CLEAR_REFS.write_text("5")  # resets the process's peak RSS (Linux >= 4.0)
         _vm_hwm_bytes()
@@ -111,7 +123,7 @@ class PeakMemory:
         if _reset_peak_rss():
             yield self
             self.peak_bytes = _vm_hwm_bytes()
-            self.method = "process peak RSS (VmHWM, reset per phase via /proc/self/clear_refs); includes the runtime"
+            self.method = "process peak RSS (VmHWM, reset per phase via /proc/self/clear_refs after malloc_trim); includes the runtime"
             return
         import resource
 
