@@ -22,6 +22,18 @@ def bundled_models() -> dict[str, Path]:
     return {p.name: p for p in sorted(BUNDLED_DIR.iterdir()) if (p / "config.json").is_file()}
 
 
+def package_folder(name: str) -> Path | None:
+    """The folder of an installed package (found without importing it), or None."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
 @dataclass
 class LoadedModel:
     model: nn.Module
@@ -34,6 +46,8 @@ def _location(spec: "ModelSpec") -> tuple[str, dict[str, Any]]:
         return str(bundled_models()[spec.bundled]), {}
     if spec.path:
         return spec.path, {}
+    if spec.package:
+        return str(package_folder(spec.package)), {}
     if spec.config:
         return str(Path(spec.config).parent), {}
     return spec.hub or "", {"revision": spec.revision}

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .data import BUILTIN_TEXTS
 from .errors import QuantlabError, RecipeError
 from .kv import KV_FORMATS, KVFormat
-from .models import bundled_models
+from .models import bundled_models, package_folder
 from .quant import WEIGHT_FORMATS, WeightFormat
 from .registry import Registry
 from .validation import first_error, unknown_field_message
@@ -35,6 +35,7 @@ class ModelSpec(Strict):
     bundled: str | None = Field(None, description="name of a model shipped with quantlab")
     path: str | None = Field(None, description="local model folder (relative to the recipe file)")
     hub: str | None = Field(None, description="Hugging Face hub id (needs the hub)")
+    package: str | None = Field(None, description="an installed Python package whose folder holds the model files")
     config: str | None = Field(None, description="a config.json file; implies synthetic weights")
     synthetic: bool = Field(False, description="random weights at the config's real shapes (speed and memory only)")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
@@ -44,9 +45,9 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
-        given = [k for k in ("bundled", "path", "hub", "config") if getattr(self, k)]
+        given = [k for k in ("bundled", "path", "hub", "package", "config") if getattr(self, k)]
         if len(given) != 1:
-            raise ValueError("give exactly one of bundled, path, hub or config" + (f" (got {', '.join(given)})" if given else ""))
+            raise ValueError("give exactly one of bundled, path, hub, package or config" + (f" (got {', '.join(given)})" if given else ""))
         if self.config and not self.synthetic:
             raise ValueError("a bare config has no weights: set synthetic: true, or give path/hub")
         return self
@@ -60,9 +61,18 @@ class ModelSpec(Strict):
             raise ValueError(str(UnknownNameError("bundled model", v, sorted(bundled_models()))))
         return v
 
+    @field_validator("package")
+    @classmethod
+    def _installed_package(cls, v: str | None) -> str | None:
+        if v is not None and package_folder(v) is None:
+            raise ValueError(f"no installed package '{v}' (pip install it first)")
+        return v
+
     @property
     def label(self) -> str:
-        name = self.bundled or self.hub or Path(self.path or self.config or "").name
+        name = self.bundled or self.hub or self.package or Path(self.path or self.config or "").name
+        if self.gguf_file:
+            name = f"{name}/{self.gguf_file}"
         return f"{name} (synthetic)" if self.synthetic else name
 
 

@@ -2,9 +2,10 @@
 from . import cast, gptq, rtn  # noqa: F401  (registration)
 from .apply import QuantizeReport, quantize_
 from .format import WEIGHT_FORMATS, WeightFormat
+from .gptq_checkpoint import load_gptq, save_gptq
 from .gptq_solve import gptq_quantize
 from .linear import QuantizedLinear
 from .qtensor import QuantizedTensor, quantize_tensor
 
 __all__ = ["WEIGHT_FORMATS", "WeightFormat", "QuantizedLinear", "QuantizedTensor", "QuantizeReport",
-           "gptq_quantize", "quantize_", "quantize_tensor"]
+           "gptq_quantize", "load_gptq", "quantize_", "quantize_tensor", "save_gptq"]

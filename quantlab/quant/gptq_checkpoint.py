@@ -1,0 +1,165 @@
+"""The common GPTQ checkpoint format (qweight / qzeros / scales / g_idx + quantize_config.json).
+
+Layout, per quantized linear ``[out, in]`` with ``G`` groups:
+``qweight`` int32 ``[in * bits / 32, out]`` (codes along the input, low bits first),
+``qzeros`` int32 ``[G, out * bits / 32]`` holding ``zero - 1`` (format v1, ``checkpoint_format: gptq``),
+``scales`` float16 ``[G, out]``, ``g_idx`` int32 ``[in]``. Dequantization is
+``scales[g_idx] * (q - (qzeros[g_idx] + 1))``. Bits 2, 4 and 8 are supported.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedError
+from .kernels import DequantKernel
+from .linear import QuantizedLinear
+from .primitives import pack, unpack
+from .qtensor import QuantizedTensor
+
+EXPORT_BITS = (2, 4, 8)
+
+
+def _pack_int32(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack ``[rows, n]`` codes along dim 0 into int32 words of ``32 / bits`` codes, low bits first."""
+    per = 32 // bits
+    c = codes.to(torch.int64).reshape(codes.shape[0] // per, per, -1)
+    shifts = (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    words = (c << shifts).sum(dim=1)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)  # same bits, signed
+
+
+def _unpack_int32(words: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 32 // bits
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = (torch.arange(per, dtype=torch.int64) * bits).view(1, per, 1)
+    return ((w.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1, words.shape[1]).to(torch.uint8)
+
+
+def to_gptq_tensors(q: QuantizedTensor) -> dict[str, torch.Tensor]:
+    """A QuantizedTensor as GPTQ v1 tensors."""
+    if q.bits not in EXPORT_BITS:
+        raise UnsupportedError(f"the GPTQ checkpoint format is written for bits {EXPORT_BITS}, not {q.bits}")
+    if q.per_tensor:
+        raise UnsupportedError("the GPTQ checkpoint format has no per-tensor scales")
+    out, n_in = q.shape
+    g_idx = q.g_idx if q.g_idx is not None else (
+        torch.zeros(n_in, dtype=torch.int32) if q.group_size is None else (torch.arange(n_in) // q.group_size).to(torch.int32))
+    zeros = q.row_zero_points().to(torch.int64)  # [out, G]
+    if (zeros == 0).any():
+        raise UnsupportedError("a group has zero point 0, which GPTQ v1 (it stores zero - 1) cannot represent")
+    return {
+        "qweight": _pack_int32(q.codes().t().contiguous(), q.bits),
+        "qzeros": _pack_int32(zeros - 1, q.bits).t().contiguous(),
+        "scales": q.scales.t().to(torch.float16).contiguous(),
+        "g_idx": g_idx.to(torch.int32).cpu(),
+    }
+
+
+def from_gptq_tensors(t: dict[str, torch.Tensor], bits: int, group_size: int, sym: bool, desc_act: bool) -> QuantizedTensor:
+    """GPTQ v1 tensors as a QuantizedTensor (``group_size = -1`` means per output channel)."""
+    codes = _unpack_int32(t["qweight"], bits).t().contiguous()  # [out, in]
+    out, n_in = codes.shape
+    zeros = (_unpack_int32(t["qzeros"].t().contiguous(), bits).to(torch.int64) + 1) & ((1 << bits) - 1)  # [out, G]
+    scales = t["scales"].t().contiguous()
+    gs = None if group_size == -1 else group_size
+    contiguous = torch.equal(t["g_idx"].long(), torch.zeros(n_in, dtype=torch.long) if gs is None else torch.arange(n_in) // gs)
+    return QuantizedTensor(
+        packed=pack(codes, bits), scales=scales, zeros=None if sym else pack(zeros.to(torch.uint8), bits),
+        shape=(out, n_in), bits=bits, group_size=gs, g_idx=None if contiguous else t["g_idx"].to(torch.int32),
+    )
+
+
+def _quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+
+
+def save_gptq(model: nn.Module, folder: str | Path, extra_config: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (quantized with the dequantize+matmul kernel) as a GPTQ checkpoint with its config."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    layers = _quantized_layers(model)
+    if not layers:
+        raise UnsupportedError("the model has no quantized linear layers to export")
+    tensors: dict[str, torch.Tensor] = {}
+    settings = set()
+    for name, layer in layers.items():
+        if not isinstance(layer.kernel, DequantKernel):
+            raise UnsupportedError(f"{name} uses kernel {layer.kernel_path}, whose layout is not exported; "
+                                   "quantize with kernel: dequantize+matmul to export")
+        q = layer.kernel.qtensor
+        settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None))
+        tensors.update({f"{name}.{k}": v.cpu() for k, v in to_gptq_tensors(q).items()})
+        if layer.bias is not None:
+            tensors[f"{name}.bias"] = layer.bias.data.to(torch.float16).cpu()
+    if len(settings) != 1:
+        raise UnsupportedError(f"layers were quantized with different settings {sorted(settings)}; the format has one")
+    bits, group_size, sym, desc_act = settings.pop()
+    state = {k: v for k, v in model.state_dict().items() if not any(k.startswith(f"{n}.") for n in layers)}
+    seen: dict[int, str] = {}
+    for key, value in state.items():  # tied tensors are written once
+        ptr = value.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen[ptr] = key
+            tensors[key] = value.detach().cpu().contiguous()
+    qconfig = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym, "static_groups": False,
+               "true_sequential": True, "checkpoint_format": "gptq", "quant_method": "gptq", **(extra_config or {})}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config["quantization_config"] = qconfig
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    (folder / "quantize_config.json").write_text(json.dumps(qconfig, indent=2))
+    return folder
+
+
+def load_gptq(
+    folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
+    kernels: list[str] | None = None,
+) -> nn.Module:
+    """Load a GPTQ checkpoint (v1, bits 2/4/8) into quantlab's QuantizedLinear layers.
+
+    Unquantized tensors and activations use ``dtype``; ``kernels`` (default: dequantize+matmul,
+    which keeps the checkpoint's layout) chooses the matmul path.
+    """
+    from accelerate import init_empty_weights
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    qconfig = json.loads((folder / "quantize_config.json").read_text())
+    if qconfig.get("checkpoint_format", "gptq") != "gptq":
+        raise UnsupportedError(f"{folder}: checkpoint_format {qconfig['checkpoint_format']!r} is not read; only 'gptq' (v1)")
+    config = AutoConfig.from_pretrained(folder)
+    config.quantization_config = None
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tensors = load_file(folder / "model.safetensors")
+    prefixes = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
+    for name in prefixes:
+        part = {k: tensors.pop(f"{name}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")}
+        q = from_gptq_tensors(part, qconfig["bits"], qconfig["group_size"], qconfig["sym"], qconfig["desc_act"])
+        bias = tensors.pop(f"{name}.bias", None)
+        q = QuantizedTensor(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in
+                              (q.packed, q.scales, q.zeros, q.shape, q.bits, q.group_size, q.g_idx)))
+        new = QuantizedLinear(DequantKernel(q) if kernels is None else _kernel(q, device, dtype, kernels),
+                              None if bias is None else bias.to(device, dtype), q.bits, q.group_size)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+    model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=False, assign=True)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise UnsupportedError(f"{folder}: no tensors for {', '.join(missing[:3])}")
+    return model.eval()
+
+
+def _kernel(q: QuantizedTensor, device: str | torch.device, dtype: torch.dtype, kernels: list[str]):  # type: ignore[no-untyped-def]
+    from .kernels import choose_kernel
+
+    return choose_kernel(q, torch.device(device), dtype, kernels)

@@ -1,0 +1,77 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from quantlab import WEIGHT_FORMATS, UnsupportedError, load_gptq, quantize_, quantize_tensor, save_gptq
+from quantlab.quant.gptq_checkpoint import _pack_int32, from_gptq_tensors, to_gptq_tensors
+from tests.conftest import make_llama
+
+
+def test_int32_packing_puts_the_first_code_in_the_low_bits() -> None:
+    codes = torch.arange(8, dtype=torch.uint8).view(8, 1)
+    assert _pack_int32(codes, 4).item() == 0x76543210
+    assert _pack_int32(torch.full((8, 1), 15, dtype=torch.uint8), 4).item() == -1  # 0xFFFFFFFF as int32
+
+
+@pytest.mark.parametrize("bits,group_size,sym", [(4, 64, False), (4, None, True), (8, 128, False), (2, 32, False)])
+def test_tensor_round_trip_is_exact(bits: int, group_size: int | None, sym: bool) -> None:
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    q = quantize_tensor(w, bits, group_size, sym)
+    t = to_gptq_tensors(q)
+    groups = 1 if group_size is None else 256 // group_size
+    assert t["qweight"].shape == (256 * bits // 32, 64) and t["qweight"].dtype == torch.int32
+    assert t["qzeros"].shape == (groups, 64 * bits // 32) and t["scales"].shape == (groups, 64)
+    back = from_gptq_tensors(t, bits, group_size or -1, sym, False)
+    assert torch.equal(back.dequantize(), q.dequantize())
+
+
+def test_gptq_v1_zero_minus_one_convention() -> None:
+    q = quantize_tensor(torch.randn(8, 32, generator=torch.Generator().manual_seed(1)), 4, 32, symmetric=True)
+    assert to_gptq_tensors(q)["qzeros"].item() == 0x77777777  # symmetric zero 8 stored as 7 in every nibble
+
+
+def test_model_export_and_import_give_the_same_logits(tmp_path: Path) -> None:
+    model = make_llama()
+    calibration = [torch.randint(0, 4096, (1, 32), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    fmt = WEIGHT_FORMATS["gptq"].build(bits=4, group_size=64, act_order=True, kernel="dequantize+matmul")
+    quantize_(model, fmt, calibration)
+    save_gptq(model, tmp_path / "ckpt")
+    qconfig = json.loads((tmp_path / "ckpt" / "quantize_config.json").read_text())
+    assert qconfig == {**qconfig, "bits": 4, "group_size": 64, "desc_act": True, "sym": False, "checkpoint_format": "gptq"}
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["quantization_config"]["quant_method"] == "gptq"
+    keys = load_file(tmp_path / "ckpt" / "model.safetensors")
+    assert "model.layers.0.self_attn.q_proj.qweight" in keys and "model.layers.0.self_attn.q_proj.weight" not in keys
+    loaded = load_gptq(tmp_path / "ckpt", dtype=torch.float32)
+    ids = torch.randint(0, 4096, (1, 16))
+    with torch.no_grad():
+        ref, got = model(ids).logits, loaded(ids).logits
+    assert torch.allclose(ref, got, atol=1e-4)
+    layer = loaded.model.layers[1].mlp.down_proj
+    assert layer.kernel.qtensor.g_idx is not None
+
+
+def test_export_refuses_kernel_layouts_and_mixed_settings(tmp_path: Path) -> None:
+    model = make_llama()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, compute_dtype="bfloat16"))
+    with pytest.raises(UnsupportedError, match="int4pack_mm_cpu"):
+        save_gptq(model, tmp_path / "x")
+    model = make_llama()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, kernel="dequantize+matmul"), include=["*.mlp.*"])
+    quantize_(model, WEIGHT_FORMATS["int8"].build(kernel="dequantize+matmul"), include=["*.self_attn.*"])
+    with pytest.raises(UnsupportedError, match="different settings"):
+        save_gptq(model, tmp_path / "y")
+
+
+def test_imported_layers_can_take_a_fast_kernel(tmp_path: Path) -> None:
+    model = make_llama()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, kernel="dequantize+matmul"))
+    save_gptq(model, tmp_path / "ckpt")
+    fast = load_gptq(tmp_path / "ckpt", dtype=torch.bfloat16, kernels=["int4pack_mm_cpu"])
+    assert fast.model.layers[0].self_attn.o_proj.kernel_path == "int4pack_mm_cpu"
+    ids = torch.randint(0, 4096, (1, 16))
+    with torch.no_grad():
+        ref, got = model(ids).logits, fast(ids).logits.float()
+    assert ((ref - got).norm() / ref.norm()) < 0.05
