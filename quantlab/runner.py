@@ -21,6 +21,7 @@ from .measure.memory import rss_bytes, weight_bytes_analytic, weight_bytes_by_co
 from .measure.perplexity import tokenize, windows_perplexity
 from .models import LoadedModel, load_config, load_model
 from .quant import quantize_
+from .quant.format import Calibration
 from .recipe import Recipe, Variant, validate_recipe
 from .results import MANIFEST_FILE, ResultStore, atomic_write_text
 
@@ -49,12 +50,14 @@ def _kernel_paths(model: torch.nn.Module) -> str:
     return ",".join(paths) or "dense"
 
 
-def _calibration(recipe: Recipe, loaded: LoadedModel) -> list[torch.Tensor]:
+def _calibration(recipe: Recipe, loaded: LoadedModel) -> Calibration:
     c = recipe.calibration
     if loaded.tokenizer is None:  # synthetic weights: random tokens exercise the same path
         g = torch.Generator().manual_seed(c.seed)
-        return [torch.randint(0, loaded.model.config.vocab_size, (1, c.seq_len), generator=g) for _ in range(c.samples)]
-    return calibration_samples(tokenize(loaded.tokenizer, load_text(c.text)), c.samples, c.seq_len, c.seed)
+        return Calibration([torch.randint(0, loaded.model.config.vocab_size, (1, c.seq_len), generator=g)
+                            for _ in range(c.samples)])
+    ids = tokenize(loaded.tokenizer, load_text(c.text))
+    return Calibration(calibration_samples(ids, c.samples, c.seq_len, c.seed), loaded.tokenizer)
 
 
 def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Weight formats. Importing this package registers every built-in format."""
-from . import cast, gptq, rtn  # noqa: F401  (registration)
+from . import cast, gptq, gptqmodel_backend, rtn  # noqa: F401  (registration)
 from .apply import QuantizeReport, quantize_
 from .format import WEIGHT_FORMATS, WeightFormat
 from .gptq_checkpoint import load_gptq, save_gptq

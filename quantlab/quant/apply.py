@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from typing import Any, Iterable
 
+import torch
 from torch import nn
 
-from .format import WeightFormat
+from .format import Calibration, WeightFormat
 from .linear import LINEAR_TYPES
 
 
@@ -44,18 +45,21 @@ def select_linears(
 def quantize_(
     model: nn.Module,
     fmt: WeightFormat,
-    calibration: object | None = None,
+    calibration: Calibration | list[torch.Tensor] | None = None,
     include: Iterable[str] | None = None,
     exclude: Iterable[str] | None = None,
 ) -> QuantizeReport:
     """Apply ``fmt`` to ``model`` in place.
 
+    ``calibration``: token-id tensors ``[1, seq]`` (or a ``Calibration``) for formats that need them.
     By default every linear layer is quantized except the output embedding;
     embeddings and norms stay in the base dtype. ``include`` / ``exclude`` are
     glob patterns on module names (e.g. ``"*.mlp.*"``) that override this.
     """
     if fmt.requires_calibration and calibration is None:
         raise ValueError(f"weight format {fmt.label} needs calibration data (a list of token-id tensors)")
+    if calibration is not None and not isinstance(calibration, Calibration):
+        calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
     selected, kept = select_linears(model, include, exclude)
     details = fmt.apply_(model, selected, calibration)

@@ -1,7 +1,8 @@
 """The weight-format interface. A format is a frozen, validated config that knows how to apply itself."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -12,6 +13,20 @@ from ..registry import Registry
 DtypeName = Literal["float32", "bfloat16", "float16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+@dataclass
+class Calibration:
+    """Calibration token ids (each ``[1, seq]``) and, where there is one, the tokenizer that made them."""
+
+    samples: list[torch.Tensor]
+    tokenizer: Any | None = None
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
 
 
 class WeightFormat(BaseModel):
@@ -32,7 +47,7 @@ class WeightFormat(BaseModel):
         """A replacement for a selected linear module, or None to leave it as it is."""
         return None
 
-    def apply_(self, model: nn.Module, selected: list[str], calibration: Any) -> dict[str, Any]:
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         """Replace the ``selected`` linear modules in place; returns per-module details (may be empty).
 
         The default quantizes each module on its own; calibrated formats override this.

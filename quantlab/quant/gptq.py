@@ -7,7 +7,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from .format import DTYPES, WEIGHT_FORMATS
+from .format import DTYPES, WEIGHT_FORMATS, Calibration
 from .gptq_solve import gptq_quantize
 from .linear import QuantizedLinear, linear_weight
 from .qtensor import QuantizedTensor, quantize_tensor
@@ -43,7 +43,7 @@ class GPTQFormat(AffineFormat):
         return gptq_quantize(weight, hessian, self.bits, self.group_size, self.symmetric, self.act_order,
                              self.damp, self.block_size, DTYPES[self.scale_dtype], self.clip_search)
 
-    def apply_(self, model: nn.Module, selected: list[str], calibration: Any) -> dict[str, Any]:
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         """Quantize ``selected`` linears layer by layer; records GPTQ's and RTN's output error per layer."""
         errors: dict[str, dict[str, float]] = {}
 
@@ -55,5 +55,5 @@ class GPTQFormat(AffineFormat):
             errors[name] = {"gptq": output_error(weight, q, hessian), "rtn": output_error(weight, rtn, hessian)}
             return QuantizedLinear.from_linear(module, q, self.kernels)
 
-        stats = quantize_sequential_(model, selected, list(calibration), solve)
+        stats = quantize_sequential_(model, selected, list(calibration or []), solve)
         return {name: {**stats[name], **{f"output_error_{k}": v for k, v in errors[name].items()}} for name in errors}

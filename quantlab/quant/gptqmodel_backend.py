@@ -1,0 +1,90 @@
+"""GPTQ through GPTQModel (``pip install quantlab[gptq]``), so its solver can be compared with quantlab's.
+
+The model is saved to a scratch folder, quantized by GPTQModel on the same
+calibration token ids, written in the common GPTQ format, and read back into
+quantlab's QuantizedLinear layers, so both backends are measured the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from ..errors import UnsupportedError
+from .format import WEIGHT_FORMATS, Calibration
+from .gptq_checkpoint import from_gptq_tensors
+from .linear import QuantizedLinear
+from .rtn import AffineFormat
+
+
+@contextlib.contextmanager
+def _inside(folder: Path) -> Iterator[None]:
+    """GPTQModel writes logs to the working directory: keep them in the scratch folder."""
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+@WEIGHT_FORMATS.register("gptqmodel", "GPTQ by the GPTQModel library (optional extra quantlab[gptq]); fields: bits, "
+                         "group_size, symmetric, act_order, damp, kernel")
+class GPTQModelFormat(AffineFormat):
+    requires_calibration: ClassVar[bool] = True
+    act_order: bool = Field(False, description="desc_act")
+    damp: float = Field(0.01, gt=0, lt=1, description="damp_percent")
+
+    @property
+    def label(self) -> str:
+        return super().label + "-gptqmodel" + ("-act" if self.act_order else "")
+
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
+        try:
+            from gptqmodel import GPTQModel, QuantizeConfig
+        except ImportError:
+            raise UnsupportedError("weight format gptqmodel needs GPTQModel: pip install 'quantlab[gptq]'") from None
+        from safetensors.torch import load_file
+
+        if calibration is None or calibration.tokenizer is None:
+            raise UnsupportedError("the gptqmodel backend needs calibration data with its tokenizer (not a synthetic model)")
+        if self.per_tensor or self.clip != "none" or self.bits not in (2, 4, 8):
+            raise UnsupportedError("gptqmodel backend: bits 2, 4 or 8, per channel or grouped, no clip search")
+        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, torch.get_num_threads())))
+        device = next(model.parameters()).device
+        with tempfile.TemporaryDirectory(prefix="quantlab-gptqmodel-") as tmp:
+            src, out = Path(tmp) / "src", Path(tmp) / "out"
+            model.save_pretrained(src)
+            calibration.tokenizer.save_pretrained(src)
+            qcfg = QuantizeConfig(bits=self.bits, group_size=self.group_size or -1, desc_act=self.act_order,
+                                  sym=self.symmetric, damp_percent=self.damp, device="cpu" if device.type == "cpu" else None,
+                                  offload_to_disk=False)
+            samples = [{"input_ids": ids[0].tolist(), "attention_mask": [1] * ids.shape[1]} for ids in calibration]
+            with _inside(Path(tmp)):
+                quantized = GPTQModel.load(str(src), qcfg)
+                quantized.quantize(samples)
+                quantized.save(str(out))
+                del quantized
+            tensors = load_file(out / "model.safetensors")
+        details: dict[str, Any] = {}
+        for name in selected:
+            if f"{name}.qweight" not in tensors:
+                continue
+            part = {k: tensors[f"{name}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
+            q = from_gptq_tensors(part, self.bits, self.group_size or -1, self.symmetric, self.act_order)
+            q = type(q)(q.packed.to(device), q.scales.to(device), None if q.zeros is None else q.zeros.to(device),
+                        q.shape, q.bits, q.group_size, None if q.g_idx is None else q.g_idx.to(device))
+            module = model.get_submodule(name)
+            new = QuantizedLinear.from_linear(module, q, self.kernels)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+            details[name] = {"backend": "gptqmodel"}
+        if not details:
+            raise UnsupportedError("GPTQModel quantized none of the selected modules")
+        return details
