@@ -85,11 +85,21 @@ class Workload(Strict):
 
 
 class PerplexityEval(Strict):
-    protocol: Literal["windows"] = "windows"
+    protocol: Literal["windows", "sliding"] = "windows"
     window_tokens: int = Field(256, ge=2)
+    stride_tokens: int | None = Field(None, ge=1, description="sliding only: tokens between window starts")
     max_tokens: int | None = Field(None, ge=2, description="score at most this many tokens of the text")
     text: str = Field("bundled-heldout", description=f"one of {', '.join(BUILTIN_TEXTS)} or a .txt/.jsonl file")
     batch_size: int = Field(8, ge=1, description="windows per forward pass")
+
+
+    @model_validator(mode="after")
+    def _stride(self) -> "PerplexityEval":
+        if self.protocol == "sliding" and (self.stride_tokens is None or self.stride_tokens > self.window_tokens):
+            raise ValueError("protocol sliding needs stride_tokens between 1 and window_tokens")
+        if self.protocol == "windows" and self.stride_tokens not in (None, self.window_tokens):
+            raise ValueError("protocol windows has stride = window; use protocol sliding for another stride")
+        return self
 
 
 class Calibration(Strict):

@@ -17,8 +17,9 @@ from .data import calibration_samples, load_text
 from .environment import environment
 from .measure.device import describe_device, resolve_device
 from .measure.latency import measure_decode
-from .measure.memory import rss_bytes, weight_bytes_analytic, weight_bytes_by_component
-from .measure.perplexity import tokenize, windows_perplexity
+from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
+from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
+from .measure.perplexity import perplexity, tokenize
 from .models import LoadedModel, load_config, load_model
 from .quant import quantize_
 from .quant.format import Calibration
@@ -74,6 +75,7 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     row.update(
         quantized_modules=len(report.replaced), kernel_path=_kernel_paths(model), quantize_s=round(time.perf_counter() - start, 3),
         weight_bytes=sum(components.values()), weight_bytes_analytic=weight_bytes_analytic(model),
+        decode_weight_bytes_read=decode_weight_bytes_read(model),
         **{f"weight_bytes_{k}": v for k, v in components.items()},
     )
     w = recipe.workload
@@ -84,8 +86,9 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     ppl = recipe.evaluations.perplexity
     if ppl is not None:
         text = load_text(ppl.text)
-        row.update(windows_perplexity(model, tokenize(loaded.tokenizer, text), text, window_tokens=ppl.window_tokens,
-                                      batch_size=ppl.batch_size, device=device, max_tokens=ppl.max_tokens))
+        row.update(perplexity(model, tokenize(loaded.tokenizer, text), text, protocol=ppl.protocol,
+                              window_tokens=ppl.window_tokens, stride_tokens=ppl.stride_tokens,
+                              batch_size=ppl.batch_size, device=device, max_tokens=ppl.max_tokens))
     row.update(status="ok", error=None, wall_s=round(time.perf_counter() - start, 3), environment=environment())
     return row
 
@@ -135,7 +138,11 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         del store.rows[k]
     if stale:
         log(f"dropping {len(stale)} result rows of a different recipe from {out_dir}")
+    bandwidth = copy_bandwidth_bytes_per_s(resolve_device(recipe.device))
+    log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
     manifest = {
+        "memory_bandwidth_bytes_per_s": int(bandwidth),
+        "memory_bandwidth_method": "median of 5 copies of 256 MiB (read + write), device synchronized",
         "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": keys,
         "variants": [v.label for v in variants], "complete": False, "started_at": _now(), "environment": environment(),
     }
@@ -148,6 +155,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
             continue
         log(f"{tag}: running")
         row = _measure_in_subprocess(recipe, i) if recipe.isolation == "process" else measure_variant_safely(recipe, variant)
+        row.update(roofline(row, bandwidth))
         store.put(row)
         log(f"{tag}: {row['status']}" + (f" ({row['error']})" if row["status"] != "ok" else ""))
     manifest.update(complete=True, finished_at=_now())

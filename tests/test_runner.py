@@ -36,9 +36,14 @@ def test_every_variant_is_measured_with_units_and_protocol(quickstart_slice: Pat
         assert r["prefill_ms"] > 0 and 0 < r["decode_ms_p10"] <= r["decode_ms_per_token"] <= r["decode_ms_p90"]
         assert r["tokens_per_s"] == pytest.approx(1000 / r["decode_ms_per_token"], rel=1e-3)
         assert r["decode_steps"] == 4 and r["kv_format"] == "native" and r["device"].startswith("cpu")
+        assert r["kv_cache_bytes"] == r["kv_cache_bytes_analytic"] > 0 and r["kv_cache_tokens"] == 20
+        assert r["peak_memory_bytes"] == max(r["peak_prefill_bytes"], r["peak_decode_bytes"])
+        assert 0 < r["roofline_share"] < 1 and r["decode_bytes_read_per_step"] > r["decode_weight_bytes_read"]
         proto = r["perplexity_protocol"]
         assert proto["name"] == "windows" and proto["scored_tokens"] == 16 * 255 and len(proto["text_sha256"]) == 64
         assert math.isfinite(r["perplexity"])
+    kv = {r["variant"]: r["kv_cache_bytes"] for r in rows}
+    assert kv["fp32"] == 2 * kv["bf16"]  # the native cache follows the compute dtype
     size = {r["variant"]: r["weight_bytes"] for r in rows}
     assert size["fp32"] > size["bf16"] > size["int8-pc-asym"] > size["int4-g128-asym"]
     ppl = {r["variant"]: r["perplexity"] for r in rows}
@@ -99,3 +104,38 @@ def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path
     rows = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")
     assert [r["status"] for r in rows] == ["ok", "ok"]
     assert "perplexity" not in rows[0] and rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
+
+
+def test_gptq_beats_rtn_on_the_bundled_model(tmp_path: Path) -> None:
+    """The GPTQ paper's shape on the bundled model: closer to fp32 than RTN at 4 bits per channel and 3 bits g128."""
+    recipe = validate_recipe({
+        "name": "gptq-vs-rtn", "model": {"bundled": "tiny-stdlib-llama"},
+        "weights": ["fp32", {"format": "int4"}, {"format": "gptq", "bits": 4},
+                    {"format": "int3", "group_size": 128}, {"format": "gptq", "bits": 3, "group_size": 128}],
+        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 16384}},
+        "calibration": {"samples": 32, "seq_len": 256}, "isolation": "none", "device": "cpu",
+    })
+    rows = {r["variant"]: r for r in read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")}
+    gap = {k: r["perplexity"] - rows["fp32"]["perplexity"] for k, r in rows.items()}
+    assert 0 < gap["int4-pc-asym-gptq"] < gap["int4-pc-asym"]
+    assert 0 < gap["int3-g128-asym-gptq"] < gap["int3-g128-asym"]
+
+
+def test_gptq_layer_error_is_below_rtn_for_every_layer_of_the_bundled_model() -> None:
+    import torch
+
+    from quantlab import WEIGHT_FORMATS, quantize_
+    from quantlab.data import calibration_samples, load_text
+    from quantlab.measure.perplexity import tokenize
+    from quantlab.models import load_model
+    from quantlab.recipe import ModelSpec
+
+    loaded = load_model(ModelSpec(bundled="tiny-stdlib-llama"))
+    ids = tokenize(loaded.tokenizer, load_text("bundled-heldout"))  # any text: errors are on these inputs
+    report = quantize_(loaded.model, WEIGHT_FORMATS["gptq"].build(bits=3, group_size=128),
+                       calibration_samples(ids, 16, 256, seed=0))
+    assert len(report.details) == 6 * 7
+    for name, d in report.details.items():
+        assert d["output_error_gptq"] <= d["output_error_rtn"], name
+    assert torch.isfinite(torch.tensor([d["output_error_gptq"] for d in report.details.values()])).all()

@@ -1,6 +1,7 @@
 """The KV-cache format interface: a validated config that builds a transformers ``Cache``."""
 from __future__ import annotations
 
+import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import Cache, PretrainedConfig
 
@@ -18,6 +19,21 @@ class KVFormat(BaseModel):
 
     def make_cache(self, config: PretrainedConfig) -> Cache:
         """A fresh, empty cache for one generation with a model of this config."""
+        raise NotImplementedError
+
+    def cache_bytes(self, cache: Cache) -> int:
+        """Bytes held by the cache's tensors (measured)."""
+        seen: set[int] = set()
+        total = 0
+        for layer in getattr(cache, "layers", []):
+            for tensor in vars(layer).values():
+                if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in seen:
+                    seen.add(tensor.untyped_storage().data_ptr())
+                    total += tensor.untyped_storage().nbytes()
+        return total
+
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
+        """Bytes the format needs for ``tokens`` positions of ``batch_size`` sequences, from the config alone."""
         raise NotImplementedError
 
 

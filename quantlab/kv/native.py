@@ -1,6 +1,7 @@
 """The model's own cache: transformers ``DynamicCache`` in the model's compute dtype."""
 from __future__ import annotations
 
+import torch
 from transformers import Cache, DynamicCache, PretrainedConfig
 
 from .format import KV_FORMATS, KVFormat
@@ -14,3 +15,14 @@ class NativeKV(KVFormat):
 
     def make_cache(self, config: PretrainedConfig) -> Cache:
         return DynamicCache(config=config)
+
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
+        """2 (K and V) x layers x KV heads x head dim x tokens x batch x element size; sliding-window
+        layers of a DynamicCache keep at most their window."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+        window = getattr(text, "sliding_window", None)
+        per_token = 2 * heads * head_dim * batch_size * torch.tensor([], dtype=dtype).element_size()
+        return sum(per_token * (min(tokens, window) if kind == "sliding_attention" and window else tokens) for kind in kinds)

@@ -22,8 +22,7 @@ from .memory import PeakMemory
 class DecodeResult:
     prefill_ms: float
     decode_ms: list[float] = field(repr=False)
-    peak_memory_bytes: int = 0
-    peak_memory_method: str = ""
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def record(self, batch_size: int) -> dict[str, Any]:
         q = statistics.quantiles(self.decode_ms, n=10, method="inclusive")
@@ -36,8 +35,7 @@ class DecodeResult:
             "decode_ms_p90": round(q[-1], 4),
             "decode_steps": len(self.decode_ms),
             "tokens_per_s": round(batch_size * 1e3 / median, 3),
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "peak_memory_method": self.peak_memory_method,
+            **self.memory,
         }
 
 
@@ -51,34 +49,61 @@ def cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-@torch.inference_mode()
-def _generate(model: nn.Module, kv: KVFormat, ids: torch.Tensor, new_tokens: int, device: torch.device) -> tuple[float, list[float]]:
-    cache = kv.make_cache(model.config)
-    arg = cache_kwarg(model)
-    out, prefill_ms = timed_ms(lambda: model(input_ids=ids, use_cache=True, **{arg: cache}), device)
-    token = out.logits[:, -1].argmax(-1, keepdim=True)
-    steps = []
-    for _ in range(new_tokens):
-        def step(token: torch.Tensor = token) -> torch.Tensor:
-            logits = model(input_ids=token, use_cache=True, **{arg: cache}).logits
-            return logits[:, -1].argmax(-1, keepdim=True)
+class Generation:
+    """One greedy generation through the KV format's cache, each forward timed with the device synchronized."""
 
-        token, ms = timed_ms(step, device)
-        steps.append(ms)
-    return prefill_ms, steps
+    def __init__(self, model: nn.Module, kv: KVFormat, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.cache = kv.make_cache(model.config)
+        self.arg = cache_kwarg(model)
+        self.token: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def _next(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=ids, use_cache=True, **{self.arg: self.cache}).logits
+        return logits[:, -1].argmax(-1, keepdim=True)
+
+    def prefill(self, ids: torch.Tensor) -> float:
+        self.token, ms = timed_ms(lambda: self._next(ids), self.device)
+        return ms
+
+    def decode(self, steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            self.token, ms = timed_ms(lambda: self._next(self.token), self.device)
+            times.append(ms)
+        return times
 
 
 def measure_decode(
     model: nn.Module, kv: KVFormat, *, batch_size: int, prompt_tokens: int, new_tokens: int,
     warmup_runs: int, prefill_repeats: int, seed: int, device: torch.device,
 ) -> DecodeResult:
-    """Warm up, time ``prefill_repeats`` prefills, then one generation of ``new_tokens`` steps."""
+    """Warm up, time ``prefill_repeats`` prefills, then one generation of ``new_tokens`` steps.
+
+    Peak memory is tracked for the prefill and for the decode steps of the last generation; the KV
+    cache it leaves is measured from its tensors and beside the format's formula.
+    """
     ids = prompt_ids(model.config.vocab_size, batch_size, prompt_tokens, seed, device)
     for _ in range(warmup_runs):
-        _generate(model, kv, ids, min(new_tokens, 8), device)
-    prefills = [_generate(model, kv, ids, 0, device)[0] for _ in range(prefill_repeats - 1)]
-    peak = PeakMemory(device)
-    with peak.track():
-        prefill_ms, steps = _generate(model, kv, ids, new_tokens, device)
-    prefills.append(prefill_ms)
-    return DecodeResult(statistics.median(prefills), steps, peak.peak_bytes, peak.method)
+        warm = Generation(model, kv, device)
+        warm.prefill(ids)
+        warm.decode(min(new_tokens, 8))
+    prefills = [Generation(model, kv, device).prefill(ids) for _ in range(prefill_repeats - 1)]
+    gen = Generation(model, kv, device)
+    prefill_peak, decode_peak = PeakMemory(device), PeakMemory(device)
+    with prefill_peak.track():
+        prefills.append(gen.prefill(ids))
+    with decode_peak.track():
+        steps = gen.decode(new_tokens)
+    dtype = model.get_input_embeddings().weight.dtype
+    memory = {
+        "peak_memory_bytes": max(prefill_peak.peak_bytes, decode_peak.peak_bytes),
+        "peak_prefill_bytes": prefill_peak.peak_bytes,
+        "peak_decode_bytes": decode_peak.peak_bytes,
+        "peak_memory_method": decode_peak.method,
+        "kv_cache_bytes": kv.cache_bytes(gen.cache),
+        "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype),
+        "kv_cache_tokens": prompt_tokens + new_tokens,
+    }
+    return DecodeResult(statistics.median(prefills), steps, memory)

@@ -47,6 +47,23 @@ def weight_bytes_by_component(model: nn.Module) -> dict[str, int]:
     return out
 
 
+def decode_weight_bytes_read(model: nn.Module) -> int:
+    """Bytes of weights one decode step reads: everything but input-embedding tables (a lookup reads
+    one row), unless the table is also the output head (tied), which reads it whole."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_ptr = head.weight.untyped_storage().data_ptr() if head is not None and hasattr(head, "weight") else None
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        for t in _own_tensors(module):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen or (isinstance(module, nn.Embedding) and ptr != head_ptr):
+                continue
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes actually held by the model's tensors."""
     return sum(weight_bytes_by_component(model).values())

@@ -1,5 +1,8 @@
-"""Perplexity under a named protocol. ``windows``: join the text, tokenize once, score
-non-overlapping windows of N tokens (the GPTQ paper's method; each window starts without context)."""
+"""Perplexity under a named protocol, stamped on every number.
+
+``windows``: join the text, tokenize once, score non-overlapping windows of N tokens (the GPTQ
+paper's method; each window starts without context). ``sliding``: window N every S tokens, each
+token scored once (HF's "perplexity of fixed-length models")."""
 from __future__ import annotations
 
 import math
@@ -17,34 +20,79 @@ def tokenize(tokenizer: Any, text: Text) -> torch.Tensor:
     return torch.tensor(tokenizer(text.text, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
 
+Span = tuple[int, int, int]  # (begin, end, scored): the last `scored` tokens of ids[begin:end] are scored
+
+
+def window_spans(n_tokens: int, window_tokens: int, stride_tokens: int) -> list[Span]:
+    """Windows of ``window_tokens`` every ``stride_tokens``; each token is scored once, in the first window
+    that holds it after the tokens already scored (HF's fixed-length perplexity). ``stride == window``
+    gives disjoint windows, each scoring all its tokens but the first (the GPTQ paper's protocol)."""
+    spans: list[Span] = []
+    scored_until = 0
+    for begin in range(0, n_tokens, stride_tokens):
+        end = min(begin + window_tokens, n_tokens)
+        scored = min(end - scored_until, end - begin - 1)
+        if scored > 0:
+            spans.append((begin, end, scored))
+        scored_until = end
+        if end == n_tokens:
+            break
+    return spans
+
+
 @torch.inference_mode()
-def windows_perplexity(
-    model: nn.Module, ids: torch.Tensor, text: Text, *, window_tokens: int, batch_size: int,
-    device: torch.device, max_tokens: int | None = None,
-) -> dict[str, Any]:
-    """Token perplexity over non-overlapping windows; the protocol is returned beside the number."""
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    n_windows = ids.numel() // window_tokens
-    if n_windows == 0:
-        raise QuantlabError(f"the text has {ids.numel()} tokens, fewer than one window of {window_tokens}")
-    windows = ids[: n_windows * window_tokens].view(n_windows, window_tokens)
-    nll, scored = 0.0, 0
-    for batch in windows.split(batch_size):
-        batch = batch.to(device)
-        logits = model(input_ids=batch).logits[:, :-1].float()
-        targets = batch[:, 1:]
-        nll += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum").item()
-        scored += targets.numel()
+def _negative_log_likelihood(model: nn.Module, ids: torch.Tensor, spans: list[Span], batch_size: int,
+                             device: torch.device) -> tuple[float, int]:
+    """Summed NLL and count of the scored tokens; spans of the same shape run as one batch."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for begin, end, scored in spans:
+        groups.setdefault((end - begin, scored), []).append(begin)
+    nll, count = 0.0, 0
+    for (length, scored), begins in groups.items():
+        for chunk in range(0, len(begins), batch_size):
+            batch = torch.stack([ids[b: b + length] for b in begins[chunk: chunk + batch_size]]).to(device)
+            logits = model(input_ids=batch).logits[:, length - scored - 1: length - 1].float()
+            targets = batch[:, length - scored:]
+            nll += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum").item()
+            count += targets.numel()
     if not math.isfinite(nll):
         raise QuantlabError("perplexity is not finite (the model produced NaN or Inf logits)")
+    return nll, count
+
+
+def perplexity(
+    model: nn.Module, ids: torch.Tensor, text: Text, *, protocol: str, window_tokens: int, batch_size: int,
+    device: torch.device, stride_tokens: int | None = None, max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Token perplexity under ``protocol`` (``windows`` or ``sliding``), with the protocol stamped beside it.
+
+    ``windows``: disjoint windows, the tail shorter than a window dropped (as the GPTQ paper does).
+    ``sliding``: windows every ``stride_tokens``, each token scored once with up to ``window - stride``
+    tokens of context before the scored part.
+    """
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    if ids.numel() < (window_tokens if protocol == "windows" else 2):
+        raise QuantlabError(f"the text has {ids.numel()} tokens, too few for protocol {protocol} (window {window_tokens})")
+    if protocol == "windows":
+        stride_tokens = window_tokens
+        ids = ids[: ids.numel() // window_tokens * window_tokens]
+    elif stride_tokens is None or not 0 < stride_tokens <= window_tokens:
+        raise QuantlabError(f"protocol sliding needs 0 < stride_tokens <= window_tokens, got {stride_tokens}")
+    nll, scored = _negative_log_likelihood(model, ids, window_spans(ids.numel(), window_tokens, stride_tokens),
+                                           batch_size, device)
     return {
         "perplexity": round(math.exp(nll / scored), 4),
         "perplexity_protocol": {
-            "name": "windows", "window_tokens": window_tokens, "stride_tokens": window_tokens,
+            "name": protocol, "window_tokens": window_tokens, "stride_tokens": stride_tokens,
             "scored_tokens": scored, "text": text.source, "text_sha256": text.sha256,
         },
     }
+
+
+def windows_perplexity(model: nn.Module, ids: torch.Tensor, text: Text, **kwargs: Any) -> dict[str, Any]:
+    """``perplexity`` under the ``windows`` protocol."""
+    return perplexity(model, ids, text, protocol="windows", **kwargs)
 
 
 def protocol_summary(protocol: dict[str, Any]) -> str:

@@ -2,9 +2,10 @@
 
 Layout, per quantized linear ``[out, in]`` with ``G`` groups:
 ``qweight`` int32 ``[in * bits / 32, out]`` (codes along the input, low bits first),
-``qzeros`` int32 ``[G, out * bits / 32]`` holding ``zero - 1`` (format v1, ``checkpoint_format: gptq``),
-``scales`` float16 ``[G, out]``, ``g_idx`` int32 ``[in]``. Dequantization is
-``scales[g_idx] * (q - (qzeros[g_idx] + 1))``. Bits 2, 4 and 8 are supported.
+``qzeros`` int32 ``[G, out * bits / 32]`` holding ``zero - 1`` (``checkpoint_format: gptq``, v1, as
+auto-gptq wrote it) or ``zero`` (``gptq_v2``), ``scales`` float16 ``[G, out]``, ``g_idx`` int32 ``[in]``.
+v1 dequantizes as ``scales[g_idx] * (q - (qzeros[g_idx] + 1))``. Bits 2, 4 and 8 are supported.
+GPTQModel loads v1 only for symmetric checkpoints from other producers; asymmetric ones should be v2.
 """
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ def _unpack_int32(words: torch.Tensor, bits: int) -> torch.Tensor:
     return ((w.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1, words.shape[1]).to(torch.uint8)
 
 
-def to_gptq_tensors(q: QuantizedTensor) -> dict[str, torch.Tensor]:
-    """A QuantizedTensor as GPTQ v1 tensors."""
+FORMATS = ("gptq", "gptq_v2")
+
+
+def to_gptq_tensors(q: QuantizedTensor, checkpoint_format: str = "gptq") -> dict[str, torch.Tensor]:
+    """A QuantizedTensor as GPTQ tensors (``gptq``: v1, zeros stored minus one; ``gptq_v2``: as they are)."""
     if q.bits not in EXPORT_BITS:
         raise UnsupportedError(f"the GPTQ checkpoint format is written for bits {EXPORT_BITS}, not {q.bits}")
     if q.per_tensor:
@@ -50,21 +54,26 @@ def to_gptq_tensors(q: QuantizedTensor) -> dict[str, torch.Tensor]:
     g_idx = q.g_idx if q.g_idx is not None else (
         torch.zeros(n_in, dtype=torch.int32) if q.group_size is None else (torch.arange(n_in) // q.group_size).to(torch.int32))
     zeros = q.row_zero_points().to(torch.int64)  # [out, G]
-    if (zeros == 0).any():
-        raise UnsupportedError("a group has zero point 0, which GPTQ v1 (it stores zero - 1) cannot represent")
+    v1 = checkpoint_format == "gptq"
+    if v1 and (zeros == 0).any():
+        raise UnsupportedError("a group has zero point 0, which GPTQ v1 (it stores zero - 1) cannot represent; "
+                               "write checkpoint_format gptq_v2")
     return {
         "qweight": _pack_int32(q.codes().t().contiguous(), q.bits),
-        "qzeros": _pack_int32(zeros - 1, q.bits).t().contiguous(),
+        "qzeros": _pack_int32(zeros - 1 if v1 else zeros, q.bits).t().contiguous(),
         "scales": q.scales.t().to(torch.float16).contiguous(),
         "g_idx": g_idx.to(torch.int32).cpu(),
     }
 
 
-def from_gptq_tensors(t: dict[str, torch.Tensor], bits: int, group_size: int, sym: bool, desc_act: bool) -> QuantizedTensor:
-    """GPTQ v1 tensors as a QuantizedTensor (``group_size = -1`` means per output channel)."""
+def from_gptq_tensors(
+    t: dict[str, torch.Tensor], bits: int, group_size: int, sym: bool, checkpoint_format: str = "gptq"
+) -> QuantizedTensor:
+    """GPTQ tensors as a QuantizedTensor (``group_size = -1`` means per output channel)."""
     codes = _unpack_int32(t["qweight"], bits).t().contiguous()  # [out, in]
     out, n_in = codes.shape
-    zeros = (_unpack_int32(t["qzeros"].t().contiguous(), bits).to(torch.int64) + 1) & ((1 << bits) - 1)  # [out, G]
+    stored = _unpack_int32(t["qzeros"].t().contiguous(), bits).to(torch.int64)  # [out, G]
+    zeros = (stored + 1) & ((1 << bits) - 1) if checkpoint_format == "gptq" else stored
     scales = t["scales"].t().contiguous()
     gs = None if group_size == -1 else group_size
     contiguous = torch.equal(t["g_idx"].long(), torch.zeros(n_in, dtype=torch.long) if gs is None else torch.arange(n_in) // gs)
@@ -78,11 +87,17 @@ def _quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
 
 
-def save_gptq(model: nn.Module, folder: str | Path, extra_config: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` (quantized with the dequantize+matmul kernel) as a GPTQ checkpoint with its config."""
+def save_gptq(
+    model: nn.Module, folder: str | Path, tokenizer: Any | None = None, checkpoint_format: str = "gptq",
+    extra_config: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` (quantized with the dequantize+matmul kernel) as a GPTQ checkpoint with its config
+    (and ``tokenizer``, which loaders such as GPTQModel expect beside it)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
+    if checkpoint_format not in FORMATS:
+        raise UnsupportedError(f"checkpoint_format must be one of {FORMATS}, got {checkpoint_format!r}")
     layers = _quantized_layers(model)
     if not layers:
         raise UnsupportedError("the model has no quantized linear layers to export")
@@ -94,7 +109,7 @@ def save_gptq(model: nn.Module, folder: str | Path, extra_config: dict[str, Any]
                                    "quantize with kernel: dequantize+matmul to export")
         q = layer.kernel.qtensor
         settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None))
-        tensors.update({f"{name}.{k}": v.cpu() for k, v in to_gptq_tensors(q).items()})
+        tensors.update({f"{name}.{k}": v.cpu() for k, v in to_gptq_tensors(q, checkpoint_format).items()})
         if layer.bias is not None:
             tensors[f"{name}.bias"] = layer.bias.data.to(torch.float16).cpu()
     if len(settings) != 1:
@@ -108,13 +123,16 @@ def save_gptq(model: nn.Module, folder: str | Path, extra_config: dict[str, Any]
             seen[ptr] = key
             tensors[key] = value.detach().cpu().contiguous()
     qconfig = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym, "static_groups": False,
-               "true_sequential": True, "checkpoint_format": "gptq", "quant_method": "gptq", **(extra_config or {})}
+               "true_sequential": True, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
+               "meta": {"quantizer": ["quantlab:0.1.0"]}, **(extra_config or {})}
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = model.config.to_dict()
     config["quantization_config"] = qconfig
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     (folder / "quantize_config.json").write_text(json.dumps(qconfig, indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     return folder
 
 
@@ -122,7 +140,7 @@ def load_gptq(
     folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float16,
     kernels: list[str] | None = None,
 ) -> nn.Module:
-    """Load a GPTQ checkpoint (v1, bits 2/4/8) into quantlab's QuantizedLinear layers.
+    """Load a GPTQ checkpoint (v1 or v2, bits 2/4/8) into quantlab's QuantizedLinear layers.
 
     Unquantized tensors and activations use ``dtype``; ``kernels`` (default: dequantize+matmul,
     which keeps the checkpoint's layout) chooses the matmul path.
@@ -133,8 +151,9 @@ def load_gptq(
 
     folder = Path(folder)
     qconfig = json.loads((folder / "quantize_config.json").read_text())
-    if qconfig.get("checkpoint_format", "gptq") != "gptq":
-        raise UnsupportedError(f"{folder}: checkpoint_format {qconfig['checkpoint_format']!r} is not read; only 'gptq' (v1)")
+    checkpoint_format = qconfig.get("checkpoint_format", "gptq")
+    if checkpoint_format not in FORMATS:
+        raise UnsupportedError(f"{folder}: checkpoint_format {checkpoint_format!r} is not read (readable: {FORMATS})")
     config = AutoConfig.from_pretrained(folder)
     config.quantization_config = None
     with init_empty_weights():
@@ -143,7 +162,7 @@ def load_gptq(
     prefixes = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
     for name in prefixes:
         part = {k: tensors.pop(f"{name}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")}
-        q = from_gptq_tensors(part, qconfig["bits"], qconfig["group_size"], qconfig["sym"], qconfig["desc_act"])
+        q = from_gptq_tensors(part, qconfig["bits"], qconfig["group_size"], qconfig["sym"], checkpoint_format)
         bias = tensors.pop(f"{name}.bias", None)
         q = QuantizedTensor(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in
                               (q.packed, q.scales, q.zeros, q.shape, q.bits, q.group_size, q.g_idx)))

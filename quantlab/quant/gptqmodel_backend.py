@@ -7,6 +7,7 @@ quantlab's QuantizedLinear layers, so both backends are measured the same way.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -72,12 +73,13 @@ class GPTQModelFormat(AffineFormat):
                 quantized.save(str(out))
                 del quantized
             tensors = load_file(out / "model.safetensors")
+            checkpoint_format = json.loads((out / "quantize_config.json").read_text()).get("checkpoint_format", "gptq")
         details: dict[str, Any] = {}
         for name in selected:
             if f"{name}.qweight" not in tensors:
                 continue
             part = {k: tensors[f"{name}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
-            q = from_gptq_tensors(part, self.bits, self.group_size or -1, self.symmetric, self.act_order)
+            q = from_gptq_tensors(part, self.bits, self.group_size or -1, self.symmetric, checkpoint_format)
             q = type(q)(q.packed.to(device), q.scales.to(device), None if q.zeros is None else q.zeros.to(device),
                         q.shape, q.bits, q.group_size, None if q.g_idx is None else q.g_idx.to(device))
             module = model.get_submodule(name)

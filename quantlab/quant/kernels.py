@@ -85,9 +85,10 @@ def _int4_scales_and_zeros(q: QuantizedTensor, group: int, dtype: torch.dtype) -
 
 
 def _int4_group(q: QuantizedTensor) -> int | None:
+    """The kernel group size: the tensor's own, or for one scale per row the largest that divides the input."""
     if q.group_size is not None:
         return q.group_size if q.group_size in INT4_GROUPS else None
-    return 256 if q.shape[1] % 256 == 0 else None
+    return next((g for g in reversed(INT4_GROUPS) if q.shape[1] % g == 0), None)
 
 
 class Int4Kernel(Kernel):

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..progress import progress
 from .linear import linear_weight
 
 
@@ -63,10 +64,34 @@ def _capture_first_layer_inputs(model: nn.Module, layers: nn.ModuleList, samples
     return captured
 
 
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
 def _with_hidden(args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
     if "hidden_states" in kwargs:
         return args, {**kwargs, "hidden_states": hidden}
     return (hidden, *args[1:]), kwargs
+
+
+def _batched(inputs: list[tuple[tuple, dict]], batch_size: int) -> list[tuple[tuple, dict]]:
+    """Stack consecutive samples of equal length into batches; the rest of the call (positions,
+    rotary tables, causal mask) depends only on the length, so the first sample's is reused."""
+    batches: list[tuple[tuple, dict]] = []
+    group: list[tuple[tuple, dict]] = []
+
+    def flush() -> None:
+        if group:
+            hidden = torch.cat([_hidden_of(a, k) for a, k in group])
+            batches.append(_with_hidden(*group[0], hidden))
+            group.clear()
+
+    for args, kwargs in inputs:
+        if group and (_hidden_of(args, kwargs).shape != _hidden_of(*group[0]).shape or len(group) == batch_size):
+            flush()
+        group.append((args, kwargs))
+    flush()
+    return batches
 
 
 def _run(layer: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -74,20 +99,37 @@ def _run(layer: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def _dense_twin(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A dense linear holding a quantized module's dequantized weight: feeds calibration data fast."""
+    weight = module.dequantize_weight(dtype)
+    dense = nn.Linear(weight.shape[1], weight.shape[0], bias=module.bias is not None, device=weight.device, dtype=dtype)
+    dense.weight.data = weight
+    if module.bias is not None:
+        dense.bias.data = module.bias.data.to(dtype)
+    return dense
+
+
 Solve = Callable[[str, nn.Module, torch.Tensor], nn.Module]
 
 
+def _set(layer: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(layer.get_submodule(parent) if parent else layer, child, module)
+
+
 @torch.no_grad()
-def quantize_sequential_(model: nn.Module, selected: list[str], samples: list[torch.Tensor], solve: Solve) -> dict[str, dict[str, Any]]:
+def quantize_sequential_(
+    model: nn.Module, selected: list[str], samples: list[torch.Tensor], solve: Solve, batch_size: int = 16
+) -> dict[str, dict[str, Any]]:
     """Replace each selected linear by ``solve(name, module, hessian)``, layer by layer.
 
     Returns per-module statistics: the calibration rows seen by each layer.
     """
     layers = decoder_layers(model)
     prefix = next(name for name, m in model.named_modules() if m is layers)
-    inputs = _capture_first_layer_inputs(model, layers, samples)
+    inputs = _batched(_capture_first_layer_inputs(model, layers, samples), batch_size)
     stats: dict[str, dict[str, Any]] = {}
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(progress(layers, "calibrated quantization, layers")):
         layer_prefix = f"{prefix}.{index}."
         names = [n[len(layer_prefix):] for n in selected if n.startswith(layer_prefix)]
         accumulators: dict[str, HessianAccumulator] = {}
@@ -100,11 +142,14 @@ def quantize_sequential_(model: nn.Module, selected: list[str], samples: list[to
             _run(layer, args, kwargs)
         for h in handles:
             h.remove()
+        quantized = {}
         for name in names:
-            parent, _, child = name.rpartition(".")
-            owner = layer.get_submodule(parent) if parent else layer
-            new = solve(layer_prefix + name, owner.get_submodule(child), accumulators[name].hessian)
-            setattr(owner, child, new)
+            original = layer.get_submodule(name)
+            quantized[name] = solve(layer_prefix + name, original, accumulators[name].hessian)
+            new = quantized[name]
+            _set(layer, name, _dense_twin(new, linear_weight(original).dtype) if hasattr(new, "dequantize_weight") else new)
             stats[layer_prefix + name] = {"calibration_rows": accumulators[name].rows}
         inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
+        for name, module in quantized.items():
+            _set(layer, name, module)
     return stats

@@ -17,20 +17,22 @@ def _num(x: Any, fmt: str) -> str:
 
 
 def _table(frame: pd.DataFrame) -> list[str]:
-    head = ("| variant | status | weights MiB | × base | analytic MiB | peak MiB | prefill ms | decode ms/token "
-            "(p10–p90) | tokens/s | × base | perplexity | Δ base |")
+    head = ("| variant | status | weights MiB | × base | analytic MiB | KV cache MiB | peak MiB | prefill ms "
+            "| decode ms/token (p10–p90) | tokens/s | × base | roofline | perplexity | Δ base |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for _, r in frame.iterrows():
         get = r.get
         if get("status") != "ok":
-            lines.append(f"| {r['variant']} | **failed**: {get('error')} |" + " |" * 10)
+            lines.append(f"| {r['variant']} | **failed**: {get('error')} |" + " |" * 12)
             continue
         decode = f"{_num(get('decode_ms_per_token'), '.2f')} ({_num(get('decode_ms_p10'), '.2f')}–{_num(get('decode_ms_p90'), '.2f')})"
         lines.append(
             f"| {r['variant']} | ok | {_num(get('weight_bytes', 0) / MIB, '.3f')} | {_num(get('weight_bytes_ratio'), '.3f')} "
-            f"| {_num(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {_num(get('peak_memory_bytes', 0) / MIB, '.1f')} "
+            f"| {_num(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {_num(get('kv_cache_bytes', 0) / MIB, '.3f')} "
+            f"| {_num(get('peak_memory_bytes', 0) / MIB, '.1f')} "
             f"| {_num(get('prefill_ms'), '.2f')} | {decode} | {_num(get('tokens_per_s'), '.1f')} "
-            f"| {_num(get('tokens_per_s_ratio'), '.2f')} | {_num(get('perplexity'), '.3f')} | {_num(get('perplexity_delta'), '+.3f')} |"
+            f"| {_num(get('tokens_per_s_ratio'), '.2f')} | {_num(get('roofline_share'), '.1%')} "
+            f"| {_num(get('perplexity'), '.3f')} | {_num(get('perplexity_delta'), '+.3f')} |"
         )
     return lines
 
@@ -57,7 +59,13 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         "- **weights MiB**: measured, bytes of every parameter and buffer the model holds after quantization "
         "(packed codes, scales and zero points included; tied tensors counted once). **analytic MiB**: the same "
         "total from each format's bits, group size and metadata.",
-        f"- **peak MiB**: measured during one generation of the workload; method: {ok.get('peak_memory_method', '—')}.",
+        "- **KV cache MiB**: measured from the cache's tensors after the timed generation "
+        f"({ok.get('kv_cache_tokens', '—')} positions); the format's formula gives {_num(ok.get('kv_cache_bytes_analytic'), ',')} "
+        f"bytes for the first row, measured {_num(ok.get('kv_cache_bytes'), ',')}.",
+        f"- **peak MiB**: the larger of the prefill and decode peaks of that generation; method: {ok.get('peak_memory_method', '—')}.",
+        f"- **roofline**: bytes one decode step must read (weights it touches + KV cache at the mean decode length) "
+        f"÷ the device's copy bandwidth ({_num(manifest.get('memory_bandwidth_bytes_per_s', float('nan')) / 1e9, '.1f')} GB/s, "
+        f"{manifest.get('memory_bandwidth_method', 'not measured')}), as a share of the measured step time.",
         f"- **latency**: engine `{ok.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache), "
         f"batch {w.get('batch_size')}, prompt {w.get('prompt_tokens')} tokens, {w.get('new_tokens')} decode steps "
         f"after {w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "

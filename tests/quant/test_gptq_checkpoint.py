@@ -24,8 +24,10 @@ def test_tensor_round_trip_is_exact(bits: int, group_size: int | None, sym: bool
     groups = 1 if group_size is None else 256 // group_size
     assert t["qweight"].shape == (256 * bits // 32, 64) and t["qweight"].dtype == torch.int32
     assert t["qzeros"].shape == (groups, 64 * bits // 32) and t["scales"].shape == (groups, 64)
-    back = from_gptq_tensors(t, bits, group_size or -1, sym, False)
+    back = from_gptq_tensors(t, bits, group_size or -1, sym)
     assert torch.equal(back.dequantize(), q.dequantize())
+    v2 = from_gptq_tensors(to_gptq_tensors(q, "gptq_v2"), bits, group_size or -1, sym, "gptq_v2")
+    assert torch.equal(v2.dequantize(), q.dequantize())
 
 
 def test_gptq_v1_zero_minus_one_convention() -> None:
@@ -75,3 +77,24 @@ def test_imported_layers_can_take_a_fast_kernel(tmp_path: Path) -> None:
     with torch.no_grad():
         ref, got = model(ids).logits, fast(ids).logits.float()
     assert ((ref - got).norm() / ref.norm()) < 0.05
+
+
+@pytest.mark.parametrize("symmetric,checkpoint_format", [(True, "gptq"), (False, "gptq_v2")])
+def test_gptqmodel_loads_our_checkpoints(tmp_path: Path, symmetric: bool, checkpoint_format: str) -> None:
+    pytest.importorskip("gptqmodel")
+    from gptqmodel import GPTQModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantlab.models import bundled_models
+
+    src = bundled_models()["tiny-stdlib-llama"]
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float16)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    fmt = WEIGHT_FORMATS["int4"].build(group_size=128, symmetric=symmetric, kernel="dequantize+matmul")
+    quantize_(model, fmt)
+    save_gptq(model, tmp_path / "ckpt", tokenizer=tokenizer, checkpoint_format=checkpoint_format)
+    ids = tokenizer("def main():\n    return 1", return_tensors="pt")["input_ids"]
+    loaded = GPTQModel.load(str(tmp_path / "ckpt"), device="cpu")
+    with torch.no_grad():
+        ref, got = model.float()(ids).logits, loaded.model(ids).logits.float()
+    assert ((got - ref).norm() / ref.norm()) < 0.01
