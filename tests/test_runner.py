@@ -77,11 +77,12 @@ def _small_recipe(model_dir: Path, weights: list) -> dict:
 
 
 def test_a_failing_variant_is_recorded_and_the_run_goes_on(small_model_dir: Path, tmp_path: Path) -> None:
-    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", {"format": "int4", "group_size": 256}, "int8"]))
+    unsupported = {"format": "int4", "group_size": 16, "compute_dtype": "bfloat16", "kernel": "int4pack_mm_cpu"}
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", unsupported, "int8"]))
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
     rows = {r["variant"]: r for r in read_jsonl(out / "results.jsonl")}
-    assert rows["int4-g256-asym"]["status"] == "failed"
-    assert "does not divide the input dimension 128" in rows["int4-g256-asym"]["error"]
+    failed = rows["int4-g16-asym-bf16-int4pack_mm_cpu"]
+    assert failed["status"] == "failed" and "does not support 4-bit group 16" in failed["error"]
     assert rows["fp32"]["status"] == rows["int8-pc-asym"]["status"] == "ok"
     assert "**failed**: UnsupportedError" in (out / "report.md").read_text()
 

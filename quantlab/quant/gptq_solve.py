@@ -46,8 +46,6 @@ def gptq_quantize(
     out, n_in = weight.shape
     if hessian.shape != (n_in, n_in):
         raise UnsupportedError(f"Hessian shape {tuple(hessian.shape)} does not match the input dimension {n_in}")
-    if group_size is not None and n_in % group_size:
-        raise UnsupportedError(f"group size {group_size} does not divide the input dimension {n_in}")
     check_finite(weight)
     w = weight.detach().float().clone()
     h = hessian.detach().float().clone()

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UnsupportedError
 from .qtensor import QuantizedTensor
 
 INT4_GROUPS = (32, 64, 128, 256)
@@ -87,7 +88,7 @@ def _int4_scales_and_zeros(q: QuantizedTensor, group: int, dtype: torch.dtype) -
 def _int4_group(q: QuantizedTensor) -> int | None:
     """The kernel group size: the tensor's own, or for one scale per row the largest that divides the input."""
     if q.group_size is not None:
-        return q.group_size if q.group_size in INT4_GROUPS else None
+        return q.group_size if q.group_size in INT4_GROUPS and q.shape[1] % q.group_size == 0 else None
     return next((g for g in reversed(INT4_GROUPS) if q.shape[1] % g == 0), None)
 
 
@@ -215,4 +216,6 @@ def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, 
     for path, cls in KERNELS.items():
         if (allowed is None or path in allowed) and cls.supports(q, device, dtype):
             return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
-    raise ValueError(f"no kernel among {allowed} supports this tensor")
+    g = "per channel" if q.group_size is None else f"group {q.group_size}"
+    raise UnsupportedError(f"kernel {', '.join(allowed or [])} does not support {q.bits}-bit {g} weights of shape "
+                           f"{q.shape} with {str(dtype).removeprefix('torch.')} activations on {device.type}")

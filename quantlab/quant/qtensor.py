@@ -27,7 +27,8 @@ class QuantizedTensor:
 
     @property
     def n_groups(self) -> int:
-        return 1 if self.group_size is None else self.shape[1] // self.group_size
+        """Scale groups per row; when the group size does not divide the input, the last group is shorter."""
+        return 1 if self.group_size is None else -(-self.shape[1] // self.group_size)
 
     @property
     def per_tensor(self) -> bool:
@@ -75,8 +76,8 @@ class QuantizedTensor:
         if self.g_idx is not None:  # columns belong to groups out of order: gather per column
             g = self.g_idx.long()
             return dequantize_affine(self.codes().unsqueeze(-1), self.scales[:, g], self.zero_points()[:, g], dtype).squeeze(-1)
-        q = self.codes().reshape(out, self.n_groups, -1)
-        return dequantize_affine(q, self.scales, self.zero_points(), dtype).reshape(out, n_in)
+        q = _grouped(self.codes(), self.n_groups * (self.group_size or n_in))
+        return dequantize_affine(q.reshape(out, self.n_groups, -1), self.scales, self.zero_points(), dtype).reshape(out, -1)[:, :n_in]
 
     @staticmethod
     def analytic_nbytes(
@@ -85,11 +86,16 @@ class QuantizedTensor:
     ) -> int:
         """Bytes the format needs for ``shape``, from bits, group size and metadata alone."""
         out, n_in = shape
-        groups = 1 if group_size is None else n_in // group_size
+        groups = 1 if group_size is None else -(-n_in // group_size)
         param_rows = 1 if per_tensor else out
         zeros = 0 if symmetric else param_rows * packed_row_bytes(groups, bits)
         g_idx = 4 * n_in if act_order else 0
         return out * packed_row_bytes(n_in, bits) + param_rows * groups * scale_bytes + zeros + g_idx
+
+
+def _grouped(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x [out, in]`` padded with zeros to ``width`` columns."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if width > x.shape[1] else x
 
 
 def quantize_tensor(
@@ -111,13 +117,15 @@ def quantize_tensor(
     if not 1 <= bits <= 8:
         raise UnsupportedError(f"bits must be between 1 and 8, got {bits}")
     out, n_in = x.shape
-    if group_size is not None and (group_size <= 0 or n_in % group_size):
-        raise UnsupportedError(f"group size {group_size} does not divide the input dimension {n_in}")
+    if group_size is not None and group_size <= 0:
+        raise UnsupportedError(f"group size must be positive, got {group_size}")
     if per_tensor and group_size is not None:
         raise UnsupportedError("per_tensor and group_size exclude each other")
-    groups = x.reshape(1 if per_tensor else out, 1 if group_size is None else n_in // group_size, -1)
+    n_groups = 1 if group_size is None else -(-n_in // group_size)
+    # A shorter last group is padded with zeros, which never change its scale: ranges always include 0.
+    groups = _grouped(x, n_groups * (group_size or n_in)).reshape(1 if per_tensor else out, n_groups, -1)
     scale, zero = choose_qparams(groups, bits, symmetric, scale_dtype, clip)
-    codes = quantize_affine(groups, scale, zero, bits).reshape(out, n_in)
+    codes = quantize_affine(groups, scale, zero, bits).reshape(out, -1)[:, :n_in]
     return QuantizedTensor(
         packed=pack(codes, bits),
         scales=scale,

@@ -60,8 +60,16 @@ def test_shape_errors() -> None:
     w, _, h = _problem()
     with pytest.raises(UnsupportedError, match="Hessian shape"):
         gptq_quantize(w, h[:10, :10], 4)
-    with pytest.raises(UnsupportedError, match="does not divide"):
-        gptq_quantize(w, h, 4, 96 * 2)
+
+
+
+def test_a_shorter_last_group_is_solved_too() -> None:
+    w, x, h = _problem(n_in=320)
+    q = gptq_quantize(w, h, 3, 128)
+    assert q.n_groups == 3 and torch.equal(q.g_idx if q.g_idx is not None else torch.arange(320) // 128, torch.arange(320) // 128)
+    gptq_err = (x @ (w - q.dequantize()).T).pow(2).mean()
+    rtn_err = (x @ (w - quantize_tensor(w, 3, 128).dequantize()).T).pow(2).mean()
+    assert gptq_err < 0.8 * rtn_err
 
 
 def test_sequential_gptq_beats_rtn_on_every_layer() -> None:

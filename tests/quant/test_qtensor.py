@@ -69,9 +69,16 @@ def test_non_finite_input_is_refused(bad: float) -> None:
         quantize_tensor(w, 4, 128)
 
 
-def test_group_size_must_divide_the_input_dimension() -> None:
-    with pytest.raises(UnsupportedError, match="does not divide"):
-        quantize_tensor(_weight(8, 96), 4, 64)
+@pytest.mark.parametrize("bits,symmetric", [(4, False), (3, True)])
+def test_a_group_size_that_does_not_divide_leaves_a_shorter_last_group(bits: int, symmetric: bool) -> None:
+    w = _weight(8, 576)  # SmolLM2's width: 4 groups of 128 and one of 64
+    q = quantize_tensor(w, bits, 128, symmetric)
+    assert q.n_groups == 5 and q.scales.shape == (8, 5)
+    assert q.nbytes == QuantizedTensor.analytic_nbytes((8, 576), bits, 128, symmetric, 2)
+    padded = torch.nn.functional.pad(w, (0, 64))
+    step = q.scales.float().repeat_interleave(128, dim=1)[:, :576]
+    assert ((q.dequantize() - w).abs() <= step / 2 * (1 + 1e-5)).all()
+    assert torch.equal(q.scales, quantize_tensor(padded, bits, 128, symmetric).scales)
 
 
 def test_scale_overflow_in_fp16_is_refused() -> None:
