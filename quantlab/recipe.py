@@ -85,7 +85,7 @@ class Workload(Strict):
 
 
 class PerplexityEval(Strict):
-    protocol: Literal["windows", "sliding"] = "windows"
+    protocol: Literal["windows", "sliding", "lm-eval"] = "windows"
     window_tokens: int = Field(256, ge=2)
     stride_tokens: int | None = Field(None, ge=1, description="sliding only: tokens between window starts")
     max_tokens: int | None = Field(None, ge=2, description="score at most this many tokens of the text")
@@ -97,8 +97,8 @@ class PerplexityEval(Strict):
     def _stride(self) -> "PerplexityEval":
         if self.protocol == "sliding" and (self.stride_tokens is None or self.stride_tokens > self.window_tokens):
             raise ValueError("protocol sliding needs stride_tokens between 1 and window_tokens")
-        if self.protocol == "windows" and self.stride_tokens not in (None, self.window_tokens):
-            raise ValueError("protocol windows has stride = window; use protocol sliding for another stride")
+        if self.protocol in ("windows", "lm-eval") and self.stride_tokens not in (None, self.window_tokens):
+            raise ValueError(f"protocol {self.protocol} has stride = window; use protocol sliding for another stride")
         return self
 
 

@@ -13,17 +13,18 @@ from typing import Any, Callable
 
 import torch
 
-from .data import calibration_samples, load_text
+from .data import Text, calibration_samples, load_text
 from .environment import environment
 from .measure.device import describe_device, resolve_device
 from .measure.latency import measure_decode
 from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
 from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
+from .measure.lm_eval_protocol import lm_eval_perplexity
 from .measure.perplexity import perplexity, tokenize
 from .models import LoadedModel, load_config, load_model
 from .quant import quantize_
 from .quant.format import Calibration
-from .recipe import Recipe, Variant, validate_recipe
+from .recipe import PerplexityEval, Recipe, Variant, validate_recipe
 from .results import MANIFEST_FILE, ResultStore, atomic_write_text
 
 Log = Callable[[str], None]
@@ -61,6 +62,19 @@ def _calibration(recipe: Recipe, loaded: LoadedModel) -> Calibration:
     return Calibration(calibration_samples(ids, c.samples, c.seq_len, c.seed), loaded.tokenizer)
 
 
+def _perplexity(ppl: PerplexityEval, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> dict[str, Any]:
+    text = load_text(ppl.text)
+    ids = tokenize(tokenizer, text)
+    if ppl.max_tokens is not None and ids.numel() > ppl.max_tokens:
+        ids = ids[: ppl.max_tokens]
+        text = Text(f"{text.source}[:{ppl.max_tokens} tokens]", tokenizer.decode(ids))
+    if ppl.protocol == "lm-eval":
+        return lm_eval_perplexity(model, tokenizer, text, window_tokens=ppl.window_tokens, batch_size=ppl.batch_size,
+                                  device=device)
+    return perplexity(model, ids, text, protocol=ppl.protocol, window_tokens=ppl.window_tokens,
+                      stride_tokens=ppl.stride_tokens, batch_size=ppl.batch_size, device=device)
+
+
 def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     """Load, quantize and measure one variant in this process."""
     device = resolve_device(recipe.device)
@@ -85,10 +99,7 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     row.update(decode.record(w.batch_size))
     ppl = recipe.evaluations.perplexity
     if ppl is not None:
-        text = load_text(ppl.text)
-        row.update(perplexity(model, tokenize(loaded.tokenizer, text), text, protocol=ppl.protocol,
-                              window_tokens=ppl.window_tokens, stride_tokens=ppl.stride_tokens,
-                              batch_size=ppl.batch_size, device=device, max_tokens=ppl.max_tokens))
+        row.update(_perplexity(ppl, model, loaded.tokenizer, device))
     row.update(status="ok", error=None, wall_s=round(time.perf_counter() - start, 3), environment=environment())
     return row
 
