@@ -5,7 +5,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import QuantlabError
 from .models import BUNDLED_DIR
@@ -57,8 +57,26 @@ def _read_file(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def load_text(source: str) -> Text:
-    """A built-in text by name, or a local .txt / .jsonl (one {"text": ...} per line) file."""
+def _dataset_text(spec: Any) -> Text:
+    try:
+        import datasets
+    except ImportError:
+        raise QuantlabError("a dataset text needs the datasets library: pip install datasets") from None
+    try:
+        data = datasets.load_dataset(spec.dataset, spec.name, split=spec.split, revision=spec.revision)
+    except Exception as e:  # the hub, a missing split or a missing folder: all one line for the user
+        raise QuantlabError(f"cannot load dataset {spec.dataset} ({spec.name or 'default'}, {spec.split}): "
+                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if spec.field not in data.column_names:
+        raise QuantlabError(f"dataset {spec.dataset} has no field '{spec.field}' (fields: {', '.join(data.column_names)})")
+    name = f"{spec.dataset}" + (f"/{spec.name}" if spec.name else "") + f":{spec.split}"
+    return Text(name, "\n\n".join(data[spec.field]))
+
+
+def load_text(source: Any) -> Text:
+    """A built-in text by name, a local .txt / .jsonl (one {"text": ...} per line) file, or a dataset split."""
+    if not isinstance(source, str):
+        return _dataset_text(source)
     if source in BUILTIN_TEXTS:
         return Text(source, BUILTIN_TEXTS[source]())
     path = Path(source)

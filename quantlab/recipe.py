@@ -84,12 +84,26 @@ class Workload(Strict):
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
 
 
+class DatasetText(Strict):
+    """A Hugging Face dataset split whose ``field`` values are joined with blank lines (as the GPTQ paper
+    joins WikiText-2). ``dataset`` is a hub name (needs the hub) or a local dataset folder."""
+
+    dataset: str
+    name: str | None = None
+    split: str = "test"
+    field: str = "text"
+    revision: str | None = None
+
+
+TextSource = str | DatasetText
+
+
 class PerplexityEval(Strict):
     protocol: Literal["windows", "sliding", "lm-eval"] = "windows"
     window_tokens: int = Field(256, ge=2)
     stride_tokens: int | None = Field(None, ge=1, description="sliding only: tokens between window starts")
     max_tokens: int | None = Field(None, ge=2, description="score at most this many tokens of the text")
-    text: str = Field("bundled-heldout", description=f"one of {', '.join(BUILTIN_TEXTS)} or a .txt/.jsonl file")
+    text: TextSource = Field("bundled-heldout", description=f"one of {', '.join(BUILTIN_TEXTS)}, a .txt/.jsonl file or a dataset")
     batch_size: int = Field(8, ge=1, description="windows per forward pass")
 
 
@@ -105,7 +119,7 @@ class PerplexityEval(Strict):
 class Calibration(Strict):
     """Calibration data for formats that need it (GPTQ): random windows of a text."""
 
-    text: str = Field("stdlib-train", description=f"one of {', '.join(BUILTIN_TEXTS)} or a .txt/.jsonl file")
+    text: TextSource = Field("stdlib-train", description=f"one of {', '.join(BUILTIN_TEXTS)}, a .txt/.jsonl file or a dataset")
     samples: int = Field(128, ge=1)
     seq_len: int = Field(256, ge=2)
     seed: int = 0
@@ -238,6 +252,12 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
                 model[key] = str(p)
     ppl = (data.get("evaluations") or {}).get("perplexity") if isinstance(data.get("evaluations"), dict) else None
     for where, section in (("evaluations.perplexity", ppl), ("calibration", data.get("calibration"))):
+        text = section.get("text") if isinstance(section, dict) else None
+        if isinstance(text, dict) and isinstance(text.get("dataset"), str) and text["dataset"].startswith((".", "/", "~")):
+            p = (base / os.path.expanduser(text["dataset"])).resolve()
+            if not p.exists():
+                raise RecipeError(file, f"{where}.text.dataset", f"no such dataset folder: {p}")
+            text["dataset"] = str(p)
         if isinstance(section, dict) and isinstance(section.get("text"), str) and section["text"] not in BUILTIN_TEXTS:
             p = (base / os.path.expanduser(section["text"])).resolve()
             if not p.is_file():

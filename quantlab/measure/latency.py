@@ -102,6 +102,8 @@ def measure_decode(
         "peak_prefill_bytes": prefill_peak.peak_bytes,
         "peak_decode_bytes": decode_peak.peak_bytes,
         "peak_memory_method": decode_peak.method,
+        **({"peak_reserved_bytes": max(prefill_peak.reserved_bytes or 0, decode_peak.reserved_bytes or 0)}
+           if decode_peak.reserved_bytes is not None else {}),
         "kv_cache_bytes": kv.cache_bytes(gen.cache),
         "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype),
         "kv_cache_tokens": prompt_tokens + new_tokens,

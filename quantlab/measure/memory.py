@@ -125,6 +125,7 @@ class PeakMemory:
 
     device: torch.device
     peak_bytes: int = 0
+    reserved_bytes: int | None = None  # CUDA: the caching allocator's peak reservation
     method: str = ""
 
     @contextlib.contextmanager
@@ -135,6 +136,7 @@ class PeakMemory:
             yield self
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+            self.reserved_bytes = torch.cuda.max_memory_reserved(self.device)
             self.method = "torch.cuda.max_memory_allocated (allocator peak; CUDA context excluded)"
             return
         if _reset_peak_rss():
