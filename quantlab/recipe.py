@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -76,12 +76,30 @@ class ModelSpec(Strict):
         return f"{name} (synthetic)" if self.synthetic else name
 
 
+PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+
+
 class Workload(Strict):
-    batch_size: int = Field(1, ge=1)
-    prompt_tokens: int = Field(64, ge=1)
+    """Decode measurement points: every batch size x every prompt (context) length."""
+
+    batch_size: int | PositiveInts = Field(1, description="one batch size or a list")
+    prompt_tokens: int | PositiveInts = Field(64, description="one prompt length or a list (context lengths)")
     new_tokens: int = Field(32, ge=2, description="decode steps timed per run")
     warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
+
+    @field_validator("batch_size", "prompt_tokens")
+    @classmethod
+    def _positive(cls, v: int | list[int]) -> int | list[int]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("Input should be greater than or equal to 1")
+        return v
+
+    def points(self) -> list[tuple[int, int]]:
+        """(batch size, prompt tokens) pairs, the first one the headline figures come from."""
+        batches = self.batch_size if isinstance(self.batch_size, list) else [self.batch_size]
+        prompts = self.prompt_tokens if isinstance(self.prompt_tokens, list) else [self.prompt_tokens]
+        return [(b, p) for b in batches for p in prompts]
 
 
 class DatasetText(Strict):

@@ -42,7 +42,7 @@ def _base_row(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     return {
         "device": describe_device(resolve_device(recipe.device)), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
         "model": recipe.model.label, "weight_format": variant.weight.label, "kv_format": variant.kv.label,
-        "batch_size": recipe.workload.batch_size, "prompt_tokens": recipe.workload.prompt_tokens,
+        "batch_size": recipe.workload.points()[0][0], "prompt_tokens": recipe.workload.points()[0][1],
         "new_tokens": recipe.workload.new_tokens,
     }
 
@@ -93,10 +93,14 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
         **{f"weight_bytes_{k}": v for k, v in components.items()},
     )
     w = recipe.workload
-    decode = measure_decode(model, variant.kv, batch_size=w.batch_size, prompt_tokens=w.prompt_tokens,
-                            new_tokens=w.new_tokens, warmup_runs=w.warmup_runs,
-                            prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device)
-    row.update(decode.record(w.batch_size))
+    points = []
+    for batch_size, prompt_tokens in w.points():
+        decode = measure_decode(model, variant.kv, batch_size=batch_size, prompt_tokens=prompt_tokens,
+                                new_tokens=w.new_tokens, warmup_runs=w.warmup_runs,
+                                prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device)
+        points.append({"batch_size": batch_size, "prompt_tokens": prompt_tokens, **decode.record(batch_size)})
+    row.update(points[0])
+    row["decode_points"] = points
     ppl = recipe.evaluations.perplexity
     if ppl is not None:
         row.update(_perplexity(ppl, model, loaded.tokenizer, device))
@@ -167,6 +171,8 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         log(f"{tag}: running")
         row = _measure_in_subprocess(recipe, i) if recipe.isolation == "process" else measure_variant_safely(recipe, variant)
         row.update(roofline(row, bandwidth))
+        for point in row.get("decode_points", []):
+            point.update(roofline({**point, "decode_weight_bytes_read": row["decode_weight_bytes_read"]}, bandwidth))
         store.put(row)
         log(f"{tag}: {row['status']}" + (f" ({row['error']})" if row["status"] != "ok" else ""))
     manifest.update(complete=True, finished_at=_now())

@@ -140,3 +140,19 @@ def test_gptq_layer_error_is_below_rtn_for_every_layer_of_the_bundled_model() ->
     for name, d in report.details.items():
         assert d["output_error_gptq"] <= d["output_error_rtn"], name
     assert torch.isfinite(torch.tensor([d["output_error_gptq"] for d in report.details.values()])).all()
+
+
+def test_every_batch_and_context_length_is_a_measurement_point(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32", "int8"]),
+                              "workload": {**WORKLOAD, "batch_size": [1, 2], "prompt_tokens": [8, 32]}})
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = read_jsonl(out / "results.jsonl")
+    for r in rows:
+        points = [(p["batch_size"], p["prompt_tokens"]) for p in r["decode_points"]]
+        assert points == [(1, 8), (1, 32), (2, 8), (2, 32)]
+        kv = {(p["batch_size"], p["prompt_tokens"]): p["kv_cache_bytes"] for p in r["decode_points"]}
+        assert kv[(2, 32)] == 2 * kv[(1, 32)] and kv[(1, 32)] * (8 + 4) == kv[(1, 8)] * (32 + 4)
+        assert all(p["kv_cache_bytes"] == p["kv_cache_bytes_analytic"] and "roofline_share" in p for p in r["decode_points"])
+        assert (r["batch_size"], r["prompt_tokens"]) == (1, 8)
+    assert len((out / "results.csv").read_text().splitlines()) == 1 + 2 * 4
+    assert "## Decode by batch size and context length" in (out / "report.md").read_text()

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..errors import QuantlabError
 from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write_text, read_jsonl
 from .markdown import render
-from .table import comparison, flatten
+from .table import comparison, flatten, points_frame
 
 
 def write_report(out_dir: Path) -> Path:
@@ -25,7 +25,8 @@ def write_report(out_dir: Path) -> Path:
     baseline = manifest.get("baseline") or rows[0]["variant"]
     manifest.setdefault("baseline", baseline)
     frame = comparison(flatten(rows), baseline)
-    atomic_write_text(out_dir / "results.csv", frame.drop(columns=[c for c in frame if c.startswith("environment_")]).to_csv(index=False))
+    points = points_frame(rows)
+    atomic_write_text(out_dir / "results.csv", points.drop(columns=[c for c in points if c.startswith("environment_")]).to_csv(index=False))
     report = out_dir / "report.md"
     atomic_write_text(report, render(frame, rows, manifest))
     return report

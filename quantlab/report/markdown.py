@@ -37,6 +37,23 @@ def _table(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _points_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Decode figures at every (batch, prompt) point, when the workload has more than one."""
+    if not any(len(r.get("decode_points") or []) > 1 for r in rows):
+        return []
+    lines = ["", "## Decode by batch size and context length", "",
+             "| variant | batch | prompt tokens | prefill ms | decode ms/token (p10–p90) | tokens/s | KV cache MiB | peak MiB | roofline |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for p in r.get("decode_points") or []:
+            lines.append(
+                f"| {r['variant']} | {p['batch_size']} | {p['prompt_tokens']} | {_num(p.get('prefill_ms'), '.2f')} "
+                f"| {_num(p.get('decode_ms_per_token'), '.2f')} ({_num(p.get('decode_ms_p10'), '.2f')}–{_num(p.get('decode_ms_p90'), '.2f')}) "
+                f"| {_num(p.get('tokens_per_s'), '.1f')} | {_num(p.get('kv_cache_bytes', 0) / MIB, '.3f')} "
+                f"| {_num(p.get('peak_memory_bytes', 0) / MIB, '.1f')} | {_num(p.get('roofline_share'), '.1%')} |")
+    return lines
+
+
 def _first_ok(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return next((r for r in rows if r.get("status") == "ok"), rows[0] if rows else {})
 
@@ -53,6 +70,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         + ("" if manifest.get("complete", True) else "  \n**Incomplete run**: some variants have not been measured yet."),
         "",
         *_table(frame),
+        *_points_table(rows),
         "",
         "## How these figures were obtained",
         "",
@@ -67,7 +85,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         f"÷ the device's copy bandwidth ({_num(manifest.get('memory_bandwidth_bytes_per_s', float('nan')) / 1e9, '.1f')} GB/s, "
         f"{manifest.get('memory_bandwidth_method', 'not measured')}), as a share of the measured step time.",
         f"- **latency**: engine `{ok.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache), "
-        f"batch {w.get('batch_size')}, prompt {w.get('prompt_tokens')} tokens, {w.get('new_tokens')} decode steps "
+        f"batch {ok.get('batch_size')}, prompt {ok.get('prompt_tokens')} tokens in the main table, {w.get('new_tokens')} decode steps "
         f"after {w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "
         "decode ms/token is the median step (p10–p90 beside it); the device is synchronized around every timed step. "
         "tokens/s = batch × 1000 / median step.",

@@ -9,9 +9,17 @@ MIB = 1 << 20
 
 
 def flatten(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows as a flat frame: nested records become ``parent_child`` columns."""
-    frame = pd.json_normalize(rows, sep="_")
-    return frame
+    """One row per variant (its first measurement point), nested records as ``parent_child`` columns."""
+    return pd.json_normalize([{k: v for k, v in r.items() if k != "decode_points"} for r in rows], sep="_")
+
+
+def points_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per variant x decode measurement point (batch size, prompt length)."""
+    exploded = []
+    for r in rows:
+        base = {k: v for k, v in r.items() if k != "decode_points"}
+        exploded += [{**base, **point} for point in r.get("decode_points") or [{}]]
+    return pd.json_normalize(exploded, sep="_")
 
 
 def order_baseline_first(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
