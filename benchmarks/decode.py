@@ -3,8 +3,8 @@
     python benchmarks/decode.py --shape llama-3.2-1b [--formats bf16 int8 int4-g128] [--layers N]
 
 Builds the model from its published configuration (no weights are downloaded), applies each
-format, and times greedy decoding (engine ``eager``: transformers' DynamicCache, warm-up first,
-device synchronized). It prints tokens/s, the ratio to bf16, and the share of the memory-bandwidth
+format, and times greedy decoding with each engine (``eager``: DynamicCache; ``compiled``: static
+cache + torch.compile, with the options recorded in results), warm-up first, device synchronized. It prints tokens/s, the ratio to bf16, and the share of the memory-bandwidth
 roofline: bytes one step reads (weights + KV cache) / the copy bandwidth measured first.
 ``--layers`` keeps only the first N layers (a quick check on small machines).
 """
@@ -46,14 +46,20 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--device", default="auto")
+    p.add_argument("--engines", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
     args = p.parse_args()
     device = resolve_device(args.device)
     shape = dict(SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {}))
     config = LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **shape)
     bandwidth = copy_bandwidth_bytes_per_s(device)
     print(f"{args.shape} ({shape['num_hidden_layers']} layers), device {device}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
-          f"batch {args.batch_size}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, engine eager")
-    print(f"{'format':<20} {'kernel':<22} {'weights GB':>10} {'ms/token':>9} {'tok/s':>8} {'vs bf16':>8} {'roofline':>9}")
+          f"batch {args.batch_size}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens")
+    print(f"{'engine':<9} {'format':<20} {'kernel':<22} {'weights GB':>10} {'ms/token':>9} {'tok/s':>8} {'vs bf16':>8} {'roofline':>9}")
+    for engine in args.engines:
+        run_engine(engine, args, config, bandwidth, device)
+
+
+def run_engine(engine: str, args: argparse.Namespace, config: LlamaConfig, bandwidth: float, device: torch.device) -> None:
     base = None
     for name in args.formats:
         torch.manual_seed(0)
@@ -64,12 +70,12 @@ def main() -> None:
         kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
         result = measure_decode(model, KV_FORMATS["native"].build(), batch_size=args.batch_size,
                                 prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmup_runs=1,
-                                prefill_repeats=1, seed=0, device=device)
+                                prefill_repeats=1, seed=0, device=device, engine=engine)
         row = {**result.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
                "prompt_tokens": args.prompt_tokens}
         row.update(roofline(row, bandwidth))
         base = base or row["tokens_per_s"]
-        print(f"{name:<20} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e9:>10.3f} "
+        print(f"{engine:<9} {name:<20} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e9:>10.3f} "
               f"{row['decode_ms_per_token']:>9.2f} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base:>7.2f}x "
               f"{row['roofline_share']:>8.1%}")
         del model

@@ -87,6 +87,7 @@ class Workload(Strict):
     new_tokens: int = Field(32, ge=2, description="decode steps timed per run")
     warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
+    engine: Literal["eager", "compiled"] = Field("eager", description="compiled: static cache + torch.compile")
 
     @field_validator("batch_size", "prompt_tokens")
     @classmethod
@@ -208,15 +209,20 @@ class Variant:
 
     @property
     def key(self) -> str:
-        """A hash of everything that determines this variant's results (resume key)."""
+        """A hash of everything that determines this variant's results (resume key). Fields left at their
+        defaults are not part of it, so a new optional field does not invalidate earlier results."""
         r = self.recipe
+
+        def dump(model: BaseModel) -> Any:
+            return model.model_dump(mode="json", exclude_defaults=True)
+
         payload = {
-            "model": r.model.model_dump(mode="json"), "weight": format_spec(WEIGHT_FORMATS, self.weight),
-            "kv": format_spec(KV_FORMATS, self.kv), "workload": r.workload.model_dump(mode="json"),
-            "evaluations": r.evaluations.model_dump(mode="json"), "device": r.device, "seed": r.seed,
+            "model": dump(r.model), "weight": {"format": WEIGHT_FORMATS.canonical_name(self.weight), **dump(self.weight)},
+            "kv": {"format": KV_FORMATS.canonical_name(self.kv), **dump(self.kv)}, "workload": dump(r.workload),
+            "evaluations": dump(r.evaluations), "device": r.device, "seed": r.seed,
         }
         if self.weight.requires_calibration:
-            payload["calibration"] = r.calibration.model_dump(mode="json")
+            payload["calibration"] = dump(r.calibration)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -97,7 +97,7 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     for batch_size, prompt_tokens in w.points():
         decode = measure_decode(model, variant.kv, batch_size=batch_size, prompt_tokens=prompt_tokens,
                                 new_tokens=w.new_tokens, warmup_runs=w.warmup_runs,
-                                prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device)
+                                prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device, engine=w.engine)
         points.append({"batch_size": batch_size, "prompt_tokens": prompt_tokens, **decode.record(batch_size)})
     row.update(points[0])
     row["decode_points"] = points

@@ -156,3 +156,13 @@ def test_every_batch_and_context_length_is_a_measurement_point(small_model_dir: 
         assert (r["batch_size"], r["prompt_tokens"]) == (1, 8)
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 2 * 4
     assert "## Decode by batch size and context length" in (out / "report.md").read_text()
+
+
+def test_compiled_engine_decodes_over_a_static_cache(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32"]), "evaluations": {},
+                              "workload": {**WORKLOAD, "engine": "compiled"}})
+    row = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")[0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["engine"] == "compiled" and row["engine_options"]["mode"] in ("default", "reduce-overhead")
+    assert row["kv_cache_bytes"] == row["kv_cache_bytes_analytic"]  # the static cache holds prompt + new tokens
+    assert "engine `compiled`" in (tmp_path / "out" / "report.md").read_text()

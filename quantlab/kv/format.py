@@ -17,16 +17,17 @@ class KVFormat(BaseModel):
     def label(self) -> str:
         raise NotImplementedError
 
-    def make_cache(self, config: PretrainedConfig) -> Cache:
-        """A fresh, empty cache for one generation with a model of this config."""
+    def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
+        """A fresh, empty cache for one generation with a model of this config; with ``max_cache_len``,
+        a static one of that length (for compiled decoding)."""
         raise NotImplementedError
 
     def cache_bytes(self, cache: Cache) -> int:
-        """Bytes held by the cache's tensors (measured)."""
+        """Bytes held by the cache's key and value tensors (measured; bookkeeping counters excluded)."""
         seen: set[int] = set()
         total = 0
         for layer in getattr(cache, "layers", []):
-            for tensor in vars(layer).values():
+            for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
                 if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in seen:
                     seen.add(tensor.untyped_storage().data_ptr())
                     total += tensor.untyped_storage().nbytes()

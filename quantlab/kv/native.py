@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 import torch
-from transformers import Cache, DynamicCache, PretrainedConfig
+from transformers import Cache, DynamicCache, PretrainedConfig, StaticCache
 
 from .format import KV_FORMATS, KVFormat
 
 
-@KV_FORMATS.register("native", "transformers DynamicCache, keys and values in the model's compute dtype")
+@KV_FORMATS.register("native", "transformers DynamicCache (StaticCache when compiled), keys and values in the model's compute dtype")
 class NativeKV(KVFormat):
     @property
     def label(self) -> str:
         return "native"
 
-    def make_cache(self, config: PretrainedConfig) -> Cache:
+    def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
+        if max_cache_len is not None:
+            return StaticCache(config=config, max_cache_len=max_cache_len)
         return DynamicCache(config=config)
 
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:

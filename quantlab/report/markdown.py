@@ -84,7 +84,8 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         f"- **roofline**: bytes one decode step must read (weights it touches + KV cache at the mean decode length) "
         f"÷ the device's copy bandwidth ({_num(manifest.get('memory_bandwidth_bytes_per_s', float('nan')) / 1e9, '.1f')} GB/s, "
         f"{manifest.get('memory_bandwidth_method', 'not measured')}), as a share of the measured step time.",
-        f"- **latency**: engine `{ok.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache), "
+        f"- **latency**: engine `{ok.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache; "
+        f"options {ok.get('engine_options') or '—'}), "
         f"batch {ok.get('batch_size')}, prompt {ok.get('prompt_tokens')} tokens in the main table, {w.get('new_tokens')} decode steps "
         f"after {w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "
         "decode ms/token is the median step (p10–p90 beside it); the device is synchronized around every timed step. "
