@@ -144,8 +144,19 @@ class Calibration(Strict):
     seed: int = 0
 
 
+class LMEvalTask(Strict):
+    """An lm-evaluation-harness task, e.g. a local YAML in ``evals/`` (needs ``quantlab[eval]``)."""
+
+    task: str
+    include_path: str | None = Field(None, description="folder of task YAMLs (relative to the recipe)")
+    num_fewshot: int = Field(0, ge=0)
+    limit: int | None = Field(None, ge=1, description="at most this many documents")
+    batch_size: int = Field(8, ge=1)
+
+
 class Evaluations(Strict):
     perplexity: PerplexityEval | None = None
+    lm_eval_tasks: list[LMEvalTask] = Field(default_factory=list)
 
 
 class Recipe(Strict):
@@ -174,8 +185,8 @@ class Recipe(Strict):
             raise ValueError(f"two variants share the label '{dupes[0]}'; remove one")
         if self.baseline is not None and self.baseline not in labels:
             raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
-        if self.model.synthetic and self.evaluations.perplexity:
-            raise ValueError("perplexity needs trained weights; a synthetic model has random ones")
+        if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
+            raise ValueError("evaluations need trained weights; a synthetic model has random ones")
         return self
 
     def variants(self) -> list["Variant"]:
@@ -274,7 +285,14 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
                 if not p.exists():
                     raise RecipeError(file, f"model.{key}", f"no such {'folder' if key == 'path' else 'file'}: {p}")
                 model[key] = str(p)
-    ppl = (data.get("evaluations") or {}).get("perplexity") if isinstance(data.get("evaluations"), dict) else None
+    evaluations = data.get("evaluations") if isinstance(data.get("evaluations"), dict) else {}
+    for i, task in enumerate(evaluations.get("lm_eval_tasks") or []):
+        if isinstance(task, dict) and isinstance(task.get("include_path"), str):
+            p = (base / os.path.expanduser(task["include_path"])).resolve()
+            if not p.is_dir():
+                raise RecipeError(file, f"evaluations.lm_eval_tasks[{i}].include_path", f"no such folder: {p}")
+            task["include_path"] = str(p)
+    ppl = evaluations.get("perplexity")
     for where, section in (("evaluations.perplexity", ppl), ("calibration", data.get("calibration"))):
         text = section.get("text") if isinstance(section, dict) else None
         if isinstance(text, dict) and isinstance(text.get("dataset"), str) and text["dataset"].startswith((".", "/", "~")):

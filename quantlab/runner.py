@@ -19,7 +19,7 @@ from .measure.device import describe_device, resolve_device
 from .measure.latency import measure_decode
 from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
 from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
-from .measure.lm_eval_protocol import lm_eval_perplexity
+from .measure.lm_eval_protocol import lm_eval_perplexity, lm_eval_tasks
 from .measure.perplexity import perplexity, tokenize
 from .models import LoadedModel, load_config, load_model
 from .quant import quantize_
@@ -104,6 +104,8 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     ppl = recipe.evaluations.perplexity
     if ppl is not None:
         row.update(_perplexity(ppl, model, loaded.tokenizer, device))
+    if recipe.evaluations.lm_eval_tasks:
+        row.update(lm_eval_tasks(model, loaded.tokenizer, recipe.evaluations.lm_eval_tasks, device=device))
     row.update(status="ok", error=None, wall_s=round(time.perf_counter() - start, 3), environment=environment())
     return row
 

@@ -86,3 +86,36 @@ def lm_eval_perplexity(model: nn.Module, tokenizer: Any, text: Text, *, window_t
             "lm_eval_version": getattr(lm_eval, "__version__", "unknown"),
         },
     }
+
+
+def lm_eval_tasks(model: nn.Module, tokenizer: Any, tasks: list[Any], *, device: torch.device) -> dict[str, Any]:
+    """Run lm-eval tasks (``task``, ``include_path``, ``num_fewshot``, ``limit``) on the in-memory model.
+
+    Each task runs with its include folder as the working directory, so a task YAML's relative
+    ``data_files`` resolve beside it. Metrics land as ``lm_eval_<task>_<metric>``.
+    """
+    import contextlib
+    import os
+
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    out: dict[str, Any] = {}
+    for spec in tasks:
+        lm = _harness_model(model, tokenizer, getattr(model.config, "max_position_embeddings", 2048), spec.batch_size, device)
+        folder = spec.include_path or os.getcwd()
+        with contextlib.chdir(folder):
+            results = lm_eval.simple_evaluate(
+                model=lm, tasks=[spec.task], task_manager=TaskManager(include_path=spec.include_path),
+                num_fewshot=spec.num_fewshot, limit=spec.limit, log_samples=False, bootstrap_iters=0, verbosity="ERROR")
+        if spec.task not in results["results"]:
+            raise QuantlabError(f"lm-eval ran no task named {spec.task!r}")
+        for key, value in results["results"][spec.task].items():
+            metric, _, _filter = key.partition(",")
+            if isinstance(value, (int, float)) and not metric.endswith("_stderr") and metric != "alias":
+                out[f"lm_eval_{spec.task}_{metric}"] = value
+        out.setdefault("lm_eval_tasks", []).append(
+            {"task": spec.task, "num_fewshot": spec.num_fewshot, "limit": spec.limit,
+             "samples": results.get("n-samples", {}).get(spec.task, {}).get("effective"),
+             "lm_eval_version": getattr(lm_eval, "__version__", "unknown")})
+    return out

@@ -25,7 +25,8 @@ def write_report(out_dir: Path) -> Path:
     baseline = manifest.get("baseline") or rows[0]["variant"]
     manifest.setdefault("baseline", baseline)
     frame = comparison(flatten(rows), baseline)
-    points = points_frame(rows)
+    ratios = [c for c in frame if c.endswith(("_ratio", "_delta"))]
+    points = points_frame(rows).merge(frame[["variant", *ratios]], on="variant", how="left")
     atomic_write_text(out_dir / "results.csv", points.drop(columns=[c for c in points if c.startswith("environment_")]).to_csv(index=False))
     report = out_dir / "report.md"
     atomic_write_text(report, render(frame, rows, manifest))

@@ -65,3 +65,21 @@ def test_a_recipe_can_name_the_lm_eval_protocol(small_model_dir, tmp_path) -> No
     assert row["perplexity_protocol"]["name"] == "lm-eval" and row["perplexity_protocol"]["scored_tokens"] == 512
     assert row["perplexity"] == pytest.approx(row["lm_eval_word_perplexity"], rel=1e-4)
     assert "lm-eval" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_local_lm_eval_task_runs_and_lands_in_the_results(tmp_path) -> None:
+    from pathlib import Path
+
+    from quantlab import run_recipe, validate_recipe
+    from quantlab.results import read_jsonl
+
+    evals = Path(__file__).resolve().parents[2] / "evals" / "stdlib_continuation"
+    recipe = validate_recipe({
+        "name": "tasks", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"], "isolation": "none",
+        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "evaluations": {"lm_eval_tasks": [{"task": "stdlib_continuation", "include_path": str(evals), "limit": 40}]},
+    })
+    row = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")[0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["lm_eval_tasks"][0]["task"] == "stdlib_continuation"
+    assert 0.4 < row["lm_eval_stdlib_continuation_acc"] <= 1.0  # chance is 0.25
