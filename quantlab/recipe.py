@@ -118,9 +118,10 @@ TextSource = str | DatasetText
 
 
 class PerplexityEval(Strict):
-    protocol: Literal["windows", "sliding", "lm-eval"] = "windows"
+    protocol: Literal["windows", "sliding", "lm-eval", "kv-chunked"] = "windows"
     window_tokens: int = Field(256, ge=2)
     stride_tokens: int | None = Field(None, ge=1, description="sliding only: tokens between window starts")
+    chunk_tokens: int = Field(32, ge=1, description="kv-chunked only: tokens fed per forward through the KV cache")
     max_tokens: int | None = Field(None, ge=2, description="score at most this many tokens of the text")
     text: TextSource = Field("bundled-heldout", description=f"one of {', '.join(BUILTIN_TEXTS)}, a .txt/.jsonl file or a dataset")
     batch_size: int = Field(8, ge=1, description="windows per forward pass")
@@ -130,7 +131,7 @@ class PerplexityEval(Strict):
     def _stride(self) -> "PerplexityEval":
         if self.protocol == "sliding" and (self.stride_tokens is None or self.stride_tokens > self.window_tokens):
             raise ValueError("protocol sliding needs stride_tokens between 1 and window_tokens")
-        if self.protocol in ("windows", "lm-eval") and self.stride_tokens not in (None, self.window_tokens):
+        if self.protocol in ("windows", "lm-eval", "kv-chunked") and self.stride_tokens not in (None, self.window_tokens):
             raise ValueError(f"protocol {self.protocol} has stride = window; use protocol sliding for another stride")
         return self
 

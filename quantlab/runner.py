@@ -15,12 +15,14 @@ import torch
 
 from .data import Text, calibration_samples, load_text
 from .environment import environment
+from .errors import QuantlabError
+from .kv import KVFormat
+from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
 from .measure.device import describe_device, resolve_device
 from .measure.latency import measure_decode
-from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
-from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
 from .measure.lm_eval_protocol import lm_eval_perplexity, lm_eval_tasks
-from .measure.perplexity import perplexity, tokenize
+from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
+from .measure.perplexity import cache_perplexity, perplexity, tokenize
 from .models import LoadedModel, load_config, load_model
 from .quant import quantize_
 from .quant.format import Calibration
@@ -62,12 +64,16 @@ def _calibration(recipe: Recipe, loaded: LoadedModel) -> Calibration:
     return Calibration(calibration_samples(ids, c.samples, c.seq_len, c.seed), loaded.tokenizer)
 
 
-def _perplexity(ppl: PerplexityEval, model: torch.nn.Module, tokenizer: Any, device: torch.device) -> dict[str, Any]:
+def _perplexity(ppl: PerplexityEval, model: torch.nn.Module, tokenizer: Any, kv: KVFormat,
+                device: torch.device) -> dict[str, Any]:
     text = load_text(ppl.text)
     ids = tokenize(tokenizer, text)
     if ppl.max_tokens is not None and ids.numel() > ppl.max_tokens:
         ids = ids[: ppl.max_tokens]
         text = Text(f"{text.source}[:{ppl.max_tokens} tokens]", tokenizer.decode(ids))
+    if ppl.protocol == "kv-chunked":
+        return cache_perplexity(model, ids, text, kv, window_tokens=ppl.window_tokens, chunk_tokens=ppl.chunk_tokens,
+                                batch_size=ppl.batch_size, device=device)
     if ppl.protocol == "lm-eval":
         return lm_eval_perplexity(model, tokenizer, text, window_tokens=ppl.window_tokens, batch_size=ppl.batch_size,
                                   device=device)
@@ -103,7 +109,7 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     row["decode_points"] = points
     ppl = recipe.evaluations.perplexity
     if ppl is not None:
-        row.update(_perplexity(ppl, model, loaded.tokenizer, device))
+        row.update(_perplexity(ppl, model, loaded.tokenizer, variant.kv, device))
     if recipe.evaluations.lm_eval_tasks:
         row.update(lm_eval_tasks(model, loaded.tokenizer, recipe.evaluations.lm_eval_tasks, device=device))
     row.update(status="ok", error=None, wall_s=round(time.perf_counter() - start, 3), environment=environment())
@@ -145,7 +151,11 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     from .report import write_report
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
-    load_config(recipe.model)  # fail before writing anything if the model cannot be found
+    config = load_config(recipe.model)  # fail before writing anything if the model cannot be found
+    for i, kv in enumerate(recipe.kv_cache):
+        problem = getattr(kv, "check", lambda _: None)(config)
+        if problem:
+            raise QuantlabError(f"kv_cache[{i}] ({kv.label}): {problem}")
     resolve_device(recipe.device)
     variants = recipe.variants()
     keys = [v.key for v in variants]

@@ -90,6 +90,45 @@ def perplexity(
     }
 
 
+@torch.inference_mode()
+def cache_perplexity(
+    model: nn.Module, ids: torch.Tensor, text: Text, kv: Any, *, window_tokens: int, chunk_tokens: int,
+    batch_size: int, device: torch.device,
+) -> dict[str, Any]:
+    """Protocol ``kv-chunked``: disjoint windows as in ``windows``, each fed ``chunk_tokens`` at a time
+    through a fresh cache of KV format ``kv``, so every chunk attends to the stored (quantized) keys and
+    values of the chunks before it. Scores the same tokens as ``windows``."""
+    from .latency import cache_kwarg
+
+    n_windows = ids.numel() // window_tokens
+    if n_windows == 0:
+        raise QuantlabError(f"the text has {ids.numel()} tokens, fewer than one window of {window_tokens}")
+    windows = ids[: n_windows * window_tokens].view(n_windows, window_tokens)
+    arg = cache_kwarg(model)
+    nll, scored = 0.0, 0
+    for batch in windows.split(batch_size):
+        batch = batch.to(device)
+        cache = kv.make_cache(model.config)
+        logits = []
+        for start in range(0, window_tokens, chunk_tokens):
+            chunk = batch[:, start: start + chunk_tokens]
+            positions = torch.arange(start, start + chunk.shape[1], device=device)
+            logits.append(model(input_ids=chunk, use_cache=True, cache_position=positions, **{arg: cache}).logits.float())
+        full = torch.cat(logits, dim=1)[:, :-1]
+        nll += F.cross_entropy(full.reshape(-1, full.size(-1)), batch[:, 1:].reshape(-1), reduction="sum").item()
+        scored += batch[:, 1:].numel()
+    if not math.isfinite(nll):
+        raise QuantlabError("perplexity is not finite (the model produced NaN or Inf logits)")
+    return {
+        "perplexity": round(math.exp(nll / scored), 4),
+        "perplexity_protocol": {
+            "name": "kv-chunked", "window_tokens": window_tokens, "stride_tokens": window_tokens,
+            "chunk_tokens": chunk_tokens, "kv_format": kv.label, "scored_tokens": scored,
+            "text": text.source, "text_sha256": text.sha256,
+        },
+    }
+
+
 def windows_perplexity(model: nn.Module, ids: torch.Tensor, text: Text, **kwargs: Any) -> dict[str, Any]:
     """``perplexity`` under the ``windows`` protocol."""
     return perplexity(model, ids, text, protocol="windows", **kwargs)
@@ -97,5 +136,6 @@ def windows_perplexity(model: nn.Module, ids: torch.Tensor, text: Text, **kwargs
 
 def protocol_summary(protocol: dict[str, Any]) -> str:
     """One line that says how a perplexity was obtained."""
-    return (f"{protocol['name']}: window {protocol['window_tokens']}, stride {protocol['stride_tokens']}, "
+    chunk = f", chunks of {protocol['chunk_tokens']} through the KV cache" if "chunk_tokens" in protocol else ""
+    return (f"{protocol['name']}: window {protocol['window_tokens']}, stride {protocol['stride_tokens']}{chunk}, "
             f"{protocol['scored_tokens']:,} scored tokens of {protocol['text']} (sha256 {protocol['text_sha256'][:12]})")

@@ -52,3 +52,29 @@ def test_sliding_matches_token_by_token_scoring_with_full_context() -> None:
     with torch.no_grad():  # the whole text fits one window: every token sees all before it
         logits = model(ids[None]).logits[0, :-1]
     assert got["perplexity"] == pytest.approx(math.exp(F.cross_entropy(logits, ids[1:]).item()), rel=1e-4)
+
+
+def test_kv_chunked_protocol_reads_the_cache() -> None:
+    """Full-precision caches agree with the windows protocol; a 2-bit cache is visibly worse than 8-bit."""
+    from quantlab.data import load_text
+    from quantlab.kv import KV_FORMATS
+    from quantlab.measure.perplexity import cache_perplexity, tokenize
+    from quantlab.models import load_model
+    from quantlab.recipe import ModelSpec
+
+    loaded = load_model(ModelSpec(bundled="tiny-stdlib-llama"))
+    text = load_text("bundled-heldout")
+    ids = tokenize(loaded.tokenizer, text)[:4096]
+    windows = perplexity(loaded.model, ids, text, protocol="windows", window_tokens=256, batch_size=8, device=CPU)
+
+    def chunked(name: str, **params) -> float:
+        kv = KV_FORMATS[name].build(**params)
+        got = cache_perplexity(loaded.model, ids, text, kv, window_tokens=256, chunk_tokens=32, batch_size=8, device=CPU)
+        assert got["perplexity_protocol"]["scored_tokens"] == windows["perplexity_protocol"]["scored_tokens"]
+        return got["perplexity"]
+
+    for name in ("native", "fp32", "bf16", "fp16"):
+        assert chunked(name) == pytest.approx(windows["perplexity"], rel=0.005), name
+    int8, int2 = chunked("int8", group_size=32, residual_tokens=0), chunked("int2", group_size=32, residual_tokens=0)
+    assert int8 == pytest.approx(windows["perplexity"], rel=0.01)
+    assert int2 > 1.02 * int8

@@ -1,0 +1,165 @@
+"""A KV cache that really stores quantized keys and values: a transformers cache layer.
+
+Each layer keeps the most recent ``residual_tokens`` positions in the model's dtype and moves
+older ones, once, into stored chunks (never re-quantized): integer codes packed with per-group
+scales and zero points along the head dimension (``token`` axis) or along blocks of
+``group_size`` positions per channel (``channel`` axis, as KIVI does for keys), or a plain cast to
+a smaller float dtype. Attention sees the dequantized history followed by the residual.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from ..quant.qtensor import QuantizedTensor, quantize_tensor
+
+Axis = Literal["token", "channel"]
+
+
+class Chunk(Protocol):
+    tokens: int
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+@dataclass
+class IntChunk:
+    """``[B, H, t, D]`` states as packed integer codes."""
+
+    q: QuantizedTensor
+    shape: tuple[int, int, int, int]
+    axis: Axis
+
+    @property
+    def tokens(self) -> int:
+        return self.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        b, h, t, d = self.shape
+        x = self.q.dequantize(dtype)
+        return x.reshape(b, h, t, d) if self.axis == "token" else x.reshape(b, h, d, t).transpose(-1, -2)
+
+
+@dataclass
+class CastChunk:
+    """``[B, H, t, D]`` states cast to a smaller float dtype (fp8 with one scale per position and head)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor | None
+
+    @property
+    def tokens(self) -> int:
+        return self.data.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
+        return self.data.numel() * self.data.element_size() + extra
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        x = self.data.to(dtype)
+        return x if self.scale is None else x * self.scale.to(dtype)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How positions leaving the residual window are stored."""
+
+    bits: int | None = None  # None: a float cast to ``dtype``
+    axis: Axis = "token"
+    group_size: int = 64
+    dtype: torch.dtype | None = None
+
+    @property
+    def block(self) -> int:
+        """Positions moved together: a channel-axis group spans ``group_size`` positions."""
+        return self.group_size if self.bits is not None and self.axis == "channel" else 1
+
+    def encode(self, x: torch.Tensor) -> Chunk:
+        b, h, t, d = x.shape
+        if self.bits is None:
+            if self.dtype == torch.float8_e4m3fn:
+                scale = (x.abs().amax(-1, keepdim=True).float() / 448.0).clamp(min=1e-12).to(torch.float16)
+                return CastChunk((x.float() / scale.float()).to(self.dtype), scale)
+            return CastChunk(x.to(self.dtype), None)
+        if self.axis == "token":  # groups along the head dimension, one row per position and head
+            rows = x.reshape(b * h * t, d)
+            group = None if self.group_size >= d else self.group_size
+        else:  # one row per channel and head, over this block of positions
+            rows = x.transpose(-1, -2).reshape(b * h * d, t)
+            group = None
+        return IntChunk(quantize_tensor(rows.float(), self.bits, group), (b, h, t, d), self.axis)
+
+    def nbytes(self, b: int, h: int, t: int, d: int) -> int:
+        """Bytes of ``t`` stored positions, from the format alone (matches ``encode``)."""
+        if t == 0:
+            return 0
+        if self.bits is None:
+            size = torch.tensor([], dtype=self.dtype).element_size()
+            return b * h * t * d * size + (b * h * t * 2 if self.dtype == torch.float8_e4m3fn else 0)
+        if self.axis == "channel":  # stored one block of group_size positions at a time
+            return (t // self.block) * QuantizedTensor.analytic_nbytes((b * h * d, self.block), self.bits, None, False, 2)
+        group = None if self.group_size >= d else self.group_size
+        return QuantizedTensor.analytic_nbytes((b * h * t, d), self.bits, group, False, 2)
+
+
+class PackedKVLayer(DynamicLayer):
+    """A cache layer: stored chunks (quantized once) + a full-precision residual of recent positions."""
+
+    def __init__(self, key_codec: Codec, value_codec: Codec, residual_tokens: int) -> None:
+        super().__init__()
+        self.key_codec, self.value_codec, self.residual_tokens = key_codec, value_codec, residual_tokens
+        self.block = max(key_codec.block, value_codec.block)
+        self.key_chunks: list[Chunk] = []
+        self.value_chunks: list[Chunk] = []
+        self.stored_tokens = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        overflow = self.keys.shape[-2] - self.residual_tokens
+        move = overflow // self.block * self.block if overflow > 0 else 0
+        for start in range(0, move, self.block if self.block > 1 else max(move, 1)):
+            end = start + (self.block if self.block > 1 else move)
+            self.key_chunks.append(self.key_codec.encode(self.keys[:, :, start:end]))
+            self.value_chunks.append(self.value_codec.encode(self.values[:, :, start:end]))
+        if move:
+            self.keys, self.values = self.keys[:, :, move:].contiguous(), self.values[:, :, move:].contiguous()
+            self.stored_tokens += move
+        dtype = key_states.dtype
+        keys = torch.cat([*(c.dequantize(dtype) for c in self.key_chunks), self.keys], dim=-2)
+        values = torch.cat([*(c.dequantize(dtype) for c in self.value_chunks), self.values], dim=-2)
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.stored_tokens + (self.keys.shape[-2] if self.keys.dim() == 4 else 0)
+
+    @property
+    def nbytes(self) -> int:
+        residual = sum(t.numel() * t.element_size() for t in (self.keys, self.values) if isinstance(t, torch.Tensor))
+        return residual + sum(c.nbytes for c in (*self.key_chunks, *self.value_chunks))
+
+    def reset(self) -> None:
+        self.key_chunks, self.value_chunks, self.stored_tokens = [], [], 0
+        super().reset()
+
+    def residual_after(self, tokens: int) -> int:
+        """Positions left in the residual after ``tokens`` positions went through this layer."""
+        if tokens <= self.residual_tokens:
+            return tokens
+        return self.residual_tokens + (tokens - self.residual_tokens) % self.block
+

@@ -1,0 +1,110 @@
+"""KV-cache formats that store keys and values in fewer bytes: float casts and packed integers."""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from transformers import Cache, PretrainedConfig
+
+from ..errors import UnsupportedError
+from .format import KV_FORMATS, KVFormat
+from .packed import Codec, PackedKVLayer
+
+CAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+               "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
+
+
+def _shape(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of the text model."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers, heads, head_dim
+
+
+class PackedKVFormat(KVFormat):
+    """Shared cache building and byte counting of formats stored through ``PackedKVLayer``."""
+
+    def codecs(self) -> tuple[Codec, Codec, int]:
+        raise NotImplementedError
+
+    def check(self, config: PretrainedConfig) -> str | None:
+        return None
+
+    def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
+        if max_cache_len is not None:
+            raise UnsupportedError(f"KV format {self.label} has no static cache; use engine eager")
+        key, value, residual = self.codecs()
+        return Cache(layers=[PackedKVLayer(key, value, residual) for _ in range(_shape(config)[0])])
+
+    def cache_bytes(self, cache: Cache) -> int:
+        return sum(layer.nbytes for layer in cache.layers)
+
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
+        """Per layer: stored positions through the codecs + the residual in ``dtype``; every layer full length."""
+        layers, heads, head_dim = _shape(config)
+        key, value, residual_tokens = self.codecs()
+        residual = PackedKVLayer(key, value, residual_tokens).residual_after(tokens)
+        stored = tokens - residual
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        per_layer = (key.nbytes(batch_size, heads, stored, head_dim) + value.nbytes(batch_size, heads, stored, head_dim)
+                     + 2 * batch_size * heads * residual * head_dim * itemsize)
+        return layers * per_layer
+
+
+@KV_FORMATS.register("cast", "keys and values cast to a float dtype (field: dtype; fp8 with a scale per position)")
+class KVCast(PackedKVFormat):
+    dtype: Literal["float32", "bfloat16", "float16", "float8_e4m3fn"]
+
+    @model_validator(mode="after")
+    def _supported(self) -> "KVCast":
+        if CAST_DTYPES[self.dtype] is None:
+            raise ValueError(f"this torch has no {self.dtype}")
+        return self
+
+    @property
+    def label(self) -> str:
+        return SHORT[self.dtype]
+
+    def codecs(self) -> tuple[Codec, Codec, int]:
+        codec = Codec(dtype=CAST_DTYPES[self.dtype])
+        return codec, codec, 0
+
+
+@KV_FORMATS.register("int", "keys and values as packed integers; fields: bits, key_axis, group_size, residual_tokens")
+class KVInt(PackedKVFormat):
+    bits: int = Field(ge=2, le=8)
+    key_axis: Literal["token", "channel"] = Field("token", description="channel: per-channel keys (KIVI)")
+    group_size: int = Field(64, gt=0, description="token axis: channels per scale; channel axis: positions per scale")
+    residual_tokens: int = Field(128, ge=0, description="most recent positions kept in the model's dtype")
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> "KVInt":
+        if self.group_size & (self.group_size - 1):
+            raise ValueError(f"group_size must be a power of two, got {self.group_size}")
+        return self
+
+    @property
+    def label(self) -> str:
+        keys = "kc" if self.key_axis == "channel" else "g"
+        return f"int{self.bits}-{keys}{self.group_size}-r{self.residual_tokens}"
+
+    def check(self, config: PretrainedConfig) -> str | None:
+        head_dim = _shape(config)[2]
+        if head_dim % self.group_size:  # values (and token-axis keys) group along the head dimension
+            return f"group_size {self.group_size} does not divide the head dimension {head_dim}"
+        return None
+
+    def codecs(self) -> tuple[Codec, Codec, int]:
+        key = Codec(bits=self.bits, axis=self.key_axis, group_size=self.group_size)
+        value = Codec(bits=self.bits, axis="token", group_size=self.group_size)
+        return key, value, self.residual_tokens
+
+
+for _name, _dtype in (("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"), ("fp8", "float8_e4m3fn")):
+    KV_FORMATS.add(_name, KVCast, f"keys and values stored as {_dtype}", dtype=_dtype)
+KV_FORMATS.add("int8", KVInt, "8-bit keys and values, per position in groups of channels", bits=8)
+KV_FORMATS.add("int4", KVInt, "4-bit keys and values, per position in groups of channels", bits=4)
+KV_FORMATS.add("int2", KVInt, "2-bit keys and values (key_axis: channel for KIVI)", bits=2)

@@ -1,0 +1,80 @@
+import pytest
+import torch
+
+from quantlab.kv import KV_FORMATS
+from quantlab.measure.latency import cache_kwarg
+from tests.conftest import make_llama
+
+FORMATS = [("fp32", {}), ("bf16", {}), ("fp16", {}), ("fp8", {}), ("int8", {}), ("int4", {"group_size": 32}),
+           ("int2", {"group_size": 32, "residual_tokens": 16}),
+           ("int2", {"key_axis": "channel", "group_size": 32, "residual_tokens": 16})]
+
+
+def _run(model, kv, ids: torch.Tensor, prompt: int):
+    cache = kv.make_cache(model.config)
+    arg = cache_kwarg(model)
+    with torch.no_grad():
+        logits = [model(input_ids=ids[:, :prompt], use_cache=True, **{arg: cache}).logits[:, -1]]
+        for i in range(prompt, ids.shape[1]):
+            logits.append(model(input_ids=ids[:, i: i + 1], use_cache=True, **{arg: cache}).logits[:, -1])
+    return cache, torch.stack(logits, 1)
+
+
+@pytest.mark.parametrize("name,params", FORMATS)
+@pytest.mark.parametrize("batch,prompt,total", [(1, 20, 40), (2, 100, 150), (3, 7, 9)])
+def test_measured_bytes_match_the_formula_exactly(name: str, params: dict, batch: int, prompt: int, total: int) -> None:
+    model = make_llama()
+    kv = KV_FORMATS[name].build(**params)
+    ids = torch.randint(0, 4096, (batch, total), generator=torch.Generator().manual_seed(0))
+    cache, _ = _run(model, kv, ids, prompt)
+    assert cache.get_seq_length() == total
+    assert kv.cache_bytes(cache) == kv.cache_bytes_analytic(model.config, batch, total, torch.float32)
+
+
+def test_fewer_bits_store_fewer_bytes_and_err_more() -> None:
+    model = make_llama()
+    ids = torch.randint(0, 4096, (1, 300), generator=torch.Generator().manual_seed(1))
+    _, ref = _run(model, KV_FORMATS["fp32"].build(), ids, 200)
+    sizes, errors = {}, {}
+    for bits in (8, 4, 2):
+        kv = KV_FORMATS[f"int{bits}"].build(group_size=32, residual_tokens=0)
+        cache, logits = _run(model, kv, ids, 200)
+        sizes[bits], errors[bits] = kv.cache_bytes(cache), (logits - ref).norm().item() / ref.norm().item()
+    assert sizes[8] > sizes[4] > sizes[2]
+    assert sizes[4] < 0.3 * 300 * 2 * 2 * 2 * 32 * 4  # vs fp32: layers x K/V x heads x head_dim x 4 bytes
+    assert errors[8] < errors[4] < errors[2]
+
+
+def test_cast_formats_store_their_dtype() -> None:
+    model = make_llama()
+    ids = torch.randint(0, 4096, (1, 64))
+    sizes = {}
+    for name in ("fp32", "bf16", "fp8"):
+        kv = KV_FORMATS[name].build()
+        sizes[name] = kv.cache_bytes(_run(model, kv, ids, 32)[0])
+    assert sizes["fp32"] == 2 * sizes["bf16"]
+    assert sizes["fp8"] == sizes["bf16"] // 2 + 2 * 2 * 64 * 2 * 2  # + an fp16 scale per position, head, K/V, layer
+
+
+@pytest.mark.parametrize("name,params", [("int4", {"group_size": 32}), ("fp8", {}), ("int2", {"key_axis": "channel", "group_size": 32})])
+def test_generate_runs_with_a_quantized_cache(name: str, params: dict) -> None:
+    from quantlab.models import load_model
+    from quantlab.recipe import ModelSpec
+
+    loaded = load_model(ModelSpec(bundled="tiny-stdlib-llama"))
+    kv = KV_FORMATS[name].build(**params)
+    ids = loaded.tokenizer("def read_file(path):\n    ", return_tensors="pt")["input_ids"]
+    cache = kv.make_cache(loaded.model.config)
+    out = loaded.model.generate(ids, max_new_tokens=12, do_sample=False, **{cache_kwarg(loaded.model): cache})
+    assert out.shape[1] == ids.shape[1] + 12
+    assert cache.get_seq_length() >= ids.shape[1] + 11
+
+
+def test_a_group_size_that_does_not_divide_the_head_dim_is_refused_before_running(tmp_path, small_model_dir) -> None:
+    from quantlab import QuantlabError, run_recipe, validate_recipe
+
+    recipe = validate_recipe({"name": "kv", "model": {"path": str(small_model_dir)}, "weights": ["fp32"],
+                              "kv_cache": [{"format": "int4", "group_size": 8}, {"format": "int4", "group_size": 64}]})
+    with pytest.raises(QuantlabError, match=r"kv_cache\[1\] \(int4-g64-r128\): group_size 64 does not divide the head dimension 32"):
+        run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
