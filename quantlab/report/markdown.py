@@ -66,6 +66,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
     lines = [
         f"# quantlab report: {recipe.get('name', ok.get('recipe', '?'))}",
         "",
+        *([recipe["description"], ""] if recipe.get("description") else []),
         f"Model **{ok.get('model', '?')}** on **{ok.get('device', '?')}**; baseline **{manifest.get('baseline')}**."
         + ("" if manifest.get("complete", True) else "  \n**Incomplete run**: some variants have not been measured yet."),
         "",

@@ -78,3 +78,30 @@ def test_a_group_size_that_does_not_divide_the_head_dim_is_refused_before_runnin
     with pytest.raises(QuantlabError, match=r"kv_cache\[1\] \(int4-g64-r128\): group_size 64 does not divide the head dimension 32"):
         run_recipe(recipe, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
+
+
+def _tiny(arch: str):
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=256, max_position_embeddings=256)
+    if arch == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=4,
+                                                                    n_positions=256)).eval()
+    config = {"mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[arch](**common)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "gpt2"])
+def test_other_architectures_generate_with_exact_bytes(arch: str) -> None:
+    model = _tiny(arch)
+    kv = KV_FORMATS["int4"].build(group_size=32, residual_tokens=8)
+    ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(0))
+    cache, logits = _run(model, kv, ids, 16)
+    _, ref = _run(model, KV_FORMATS["fp32"].build(), ids, 16)
+    assert kv.cache_bytes(cache) == kv.cache_bytes_analytic(model.config, 2, 24, torch.float32)
+    assert (logits - ref).norm() / ref.norm() < 0.2
+    out = model.generate(ids[:, :16], max_new_tokens=6, do_sample=False,
+                         **{cache_kwarg(model): kv.make_cache(model.config)})
+    assert out.shape == (2, 22)
