@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ..quant.qtensor import QuantizedTensor, quantize_tensor
 
@@ -20,7 +20,10 @@ Axis = Literal["token", "channel"]
 
 
 class Chunk(Protocol):
-    tokens: int
+    @property
+    def tokens(self) -> int: ...
+
+    def drop_first(self, n: int) -> "Chunk | None": ...
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor: ...
 
@@ -44,6 +47,19 @@ class IntChunk:
     def nbytes(self) -> int:
         return self.q.nbytes
 
+    def drop_first(self, n: int) -> "IntChunk | None":
+        """This chunk without its first ``n`` positions (token axis: rows are independent), or None."""
+        if self.axis != "token":
+            return None
+        b, h, t, d = self.shape
+        q = self.q
+
+        def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.reshape(b, h, t, -1)[:, :, n:].reshape(b * h * (t - n), -1).contiguous()
+
+        kept = QuantizedTensor(rows(q.packed), rows(q.scales), rows(q.zeros), (b * h * (t - n), d), q.bits, q.group_size)
+        return IntChunk(kept, (b, h, t - n, d), self.axis)
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         b, h, t, d = self.shape
         x = self.q.dequantize(dtype)
@@ -65,6 +81,10 @@ class CastChunk:
     def nbytes(self) -> int:
         extra = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
         return self.data.numel() * self.data.element_size() + extra
+
+    def drop_first(self, n: int) -> "CastChunk":
+        scale = None if self.scale is None else self.scale[:, :, n:].contiguous()
+        return CastChunk(self.data[:, :, n:].contiguous(), scale)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         x = self.data.to(dtype)
@@ -157,9 +177,57 @@ class PackedKVLayer(DynamicLayer):
         self.key_chunks, self.value_chunks, self.stored_tokens = [], [], 0
         super().reset()
 
+    def drop_before(self, cutoff: int) -> None:
+        """Forget positions before ``cutoff`` (absolute): whole chunks, the head of a chunk that can be cut
+        (token-axis and cast chunks; a per-channel block stays whole), and the head of the residual."""
+        for chunks in (self.key_chunks, self.value_chunks):
+            start = self.stored_tokens - sum(c.tokens for c in chunks)
+            while chunks and start < cutoff:
+                chunk, n = chunks[0], min(cutoff - start, chunks[0].tokens)
+                kept = None if n == chunk.tokens else chunk.drop_first(n)
+                if n == chunk.tokens:
+                    chunks.pop(0)
+                elif kept is not None:
+                    chunks[0] = kept
+                else:
+                    break
+                start += n
+        cut = cutoff - self.stored_tokens
+        if cut > 0 and self.keys.dim() == 4:
+            self.keys, self.values = self.keys[:, :, cut:].contiguous(), self.values[:, :, cut:].contiguous()
+            self.stored_tokens += cut  # those residual positions are gone; count them as passed through
+
     def residual_after(self, tokens: int) -> int:
         """Positions left in the residual after ``tokens`` positions went through this layer."""
         if tokens <= self.residual_tokens:
             return tokens
         return self.residual_tokens + (tokens - self.residual_tokens) % self.block
 
+
+
+class PackedSlidingKVLayer(DynamicSlidingWindowLayer):
+    """A sliding-window layer over a ``PackedKVLayer``: attention sees the last ``sliding_window - 1``
+    positions plus the new ones, and only those are kept (a per-channel block that straddles the edge
+    stays whole)."""
+
+    def __init__(self, sliding_window: int, key_codec: Codec, value_codec: Codec, residual_tokens: int) -> None:
+        super().__init__(sliding_window)
+        self.inner = PackedKVLayer(key_codec, value_codec, residual_tokens)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        before = self.cumulative_length
+        self.cumulative_length += key_states.shape[-2]
+        keys, values = self.inner.update(key_states, value_states)
+        visible = min(before, self.sliding_window - 1) + key_states.shape[-2]
+        self.inner.drop_before(self.cumulative_length - (self.sliding_window - 1))
+        return keys[:, :, -visible:], values[:, :, -visible:]
+
+    @property
+    def nbytes(self) -> int:
+        return self.inner.nbytes
+
+    def reset(self) -> None:
+        self.inner.reset()
+        super().reset()

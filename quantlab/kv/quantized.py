@@ -9,7 +9,7 @@ from transformers import Cache, PretrainedConfig
 
 from ..errors import UnsupportedError
 from .format import KV_FORMATS, KVFormat
-from .packed import Codec, PackedKVLayer
+from .packed import Codec, PackedKVLayer, PackedSlidingKVLayer
 
 CAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
@@ -22,6 +22,14 @@ def _shape(config: PretrainedConfig) -> tuple[int, int, int]:
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     return text.num_hidden_layers, heads, head_dim
+
+
+def _windows(config: PretrainedConfig) -> list[int | None]:
+    """Each layer's sliding window (None: global attention)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    window = getattr(text, "sliding_window", None)
+    return [window if kind == "sliding_attention" and window else None for kind in kinds]
 
 
 class PackedKVFormat(KVFormat):
@@ -37,21 +45,28 @@ class PackedKVFormat(KVFormat):
         if max_cache_len is not None:
             raise UnsupportedError(f"KV format {self.label} has no static cache; use engine eager")
         key, value, residual = self.codecs()
-        return Cache(layers=[PackedKVLayer(key, value, residual) for _ in range(_shape(config)[0])])
+        return Cache(layers=[PackedKVLayer(key, value, residual) if window is None
+                             else PackedSlidingKVLayer(window, key, value, residual) for window in _windows(config)])
 
     def cache_bytes(self, cache: Cache) -> int:
         return sum(layer.nbytes for layer in cache.layers)
 
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
-        """Per layer: stored positions through the codecs + the residual in ``dtype``; every layer full length."""
-        layers, heads, head_dim = _shape(config)
+        """Per layer: positions stored through the codecs + the residual in ``dtype``. A sliding-window layer
+        keeps the last ``window - 1`` positions (a per-channel block straddling the edge whole)."""
+        _, heads, head_dim = _shape(config)
         key, value, residual_tokens = self.codecs()
         residual = PackedKVLayer(key, value, residual_tokens).residual_after(tokens)
         stored = tokens - residual
         itemsize = torch.tensor([], dtype=dtype).element_size()
-        per_layer = (key.nbytes(batch_size, heads, stored, head_dim) + value.nbytes(batch_size, heads, stored, head_dim)
-                     + 2 * batch_size * heads * residual * head_dim * itemsize)
-        return layers * per_layer
+        total = 0
+        for window in _windows(config):
+            cutoff = 0 if window is None else max(0, tokens - (window - 1))
+            kept = [stored - min(stored, cutoff // codec.block * codec.block) for codec in (key, value)]
+            kept_residual = tokens - max(stored, cutoff)
+            total += (key.nbytes(batch_size, heads, kept[0], head_dim) + value.nbytes(batch_size, heads, kept[1], head_dim)
+                      + 2 * batch_size * heads * kept_residual * head_dim * itemsize)
+        return total
 
 
 @KV_FORMATS.register("cast", "keys and values cast to a float dtype (field: dtype; fp8 with a scale per position)")

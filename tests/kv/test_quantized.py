@@ -105,3 +105,40 @@ def test_other_architectures_generate_with_exact_bytes(arch: str) -> None:
     out = model.generate(ids[:, :16], max_new_tokens=6, do_sample=False,
                          **{cache_kwarg(model): kv.make_cache(model.config)})
     assert out.shape == (2, 22)
+
+
+def _gemma3():
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                           num_attention_heads=4, num_key_value_heads=1, head_dim=64, sliding_window=16,
+                                           max_position_embeddings=256,
+                                           layer_types=["sliding_attention"] * 3 + ["full_attention"])
+    return transformers.Gemma3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("name,params", [("bf16", {}), ("int8", {"residual_tokens": 4}), ("int4", {"group_size": 32, "residual_tokens": 0}),
+                                         ("int2", {"key_axis": "channel", "group_size": 8, "residual_tokens": 4})])
+@pytest.mark.parametrize("prompt,total", [(10, 14), (30, 50), (5, 40)])
+def test_sliding_window_layers_keep_only_their_window(name: str, params: dict, prompt: int, total: int) -> None:
+    model = _gemma3()
+    kv = KV_FORMATS[name].build(**params)
+    ids = torch.randint(0, 512, (1, total), generator=torch.Generator().manual_seed(0))
+    cache, logits = _run(model, kv, ids, prompt)
+    assert kv.cache_bytes(cache) == kv.cache_bytes_analytic(model.config, 1, total, torch.float32)
+    full_kv = KV_FORMATS["native"].build()
+    _, ref = _run(model, full_kv, ids, prompt)
+    assert (logits - ref).norm() / ref.norm() < (0.05 if name in ("bf16", "int8") else 0.5)
+    if total > 16:  # the three sliding layers hold 15 positions, the global one all of them
+        per_position = kv.cache_bytes_analytic(model.config, 1, total, torch.float32)
+        assert per_position < kv.cache_bytes_analytic(model.config.__class__(**{**model.config.to_dict(),
+                                                      "layer_types": ["full_attention"] * 4}), 1, total, torch.float32)
+
+
+def test_gemma3_generates_with_a_packed_cache() -> None:
+    model = _gemma3()
+    kv = KV_FORMATS["int4"].build(group_size=32, residual_tokens=4)
+    ids = torch.randint(0, 512, (1, 20))
+    out = model.generate(ids, max_new_tokens=8, do_sample=False, **{cache_kwarg(model): kv.make_cache(model.config)})
+    assert out.shape == (1, 28)
