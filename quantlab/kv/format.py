@@ -33,8 +33,9 @@ class KVFormat(BaseModel):
                     total += tensor.untyped_storage().nbytes()
         return total
 
-    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
-        """Bytes the format needs for ``tokens`` positions of ``batch_size`` sequences, from the config alone."""
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int | None:
+        """Bytes the format needs for ``tokens`` positions of ``batch_size`` sequences, from the config alone
+        (None where a backend decides its own layout)."""
         raise NotImplementedError
 
 

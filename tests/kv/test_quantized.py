@@ -142,3 +142,20 @@ def test_gemma3_generates_with_a_packed_cache() -> None:
     ids = torch.randint(0, 512, (1, 20))
     out = model.generate(ids, max_new_tokens=8, do_sample=False, **{cache_kwarg(model): kv.make_cache(model.config)})
     assert out.shape == (1, 28)
+
+
+def test_transformers_quantized_cache_is_a_selectable_format() -> None:
+    pytest.importorskip("optimum.quanto")
+    model = make_llama()
+    ids = torch.randint(0, 4096, (1, 200), generator=torch.Generator().manual_seed(0))
+    theirs = KV_FORMATS["hf-quantized"].build(backend="quanto", bits=4, group_size=32, residual_tokens=16)
+    ours = KV_FORMATS["int4"].build(group_size=32, residual_tokens=16)
+    _, ref = _run(model, KV_FORMATS["fp32"].build(), ids, 150)
+    sizes = {}
+    for kv in (theirs, ours):
+        cache, logits = _run(model, kv, ids, 150)
+        sizes[kv.label] = kv.cache_bytes(cache)
+        assert (logits - ref).norm() / ref.norm() < 0.3
+    full = 2 * 2 * 2 * 200 * 32 * 4  # layers x K/V x heads x positions x head dim x fp32
+    assert sizes[theirs.label] < 0.5 * full and sizes[ours.label] < 0.5 * full
+    assert theirs.cache_bytes_analytic(model.config, 1, 200, torch.float32) is None
