@@ -25,6 +25,8 @@ class Chunk(Protocol):
 
     def drop_first(self, n: int) -> "Chunk | None": ...
 
+    def merged(self, other: "Chunk") -> "Chunk | None": ...
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor: ...
 
     @property
@@ -46,6 +48,23 @@ class IntChunk:
     @property
     def nbytes(self) -> int:
         return self.q.nbytes
+
+    def merged(self, other: "Chunk") -> "IntChunk | None":
+        """One chunk holding this one's positions then ``other``'s (token axis: rows just concatenate)."""
+        if not isinstance(other, IntChunk) or self.axis != "token" or other.axis != "token":
+            return None
+        b, h, t1, d = self.shape
+        t2 = other.shape[2]
+
+        def cat(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None or y is None:
+                return None
+            return torch.cat([x.reshape(b, h, t1, -1), y.reshape(b, h, t2, -1)], dim=2).reshape(b * h * (t1 + t2), -1)
+
+        q, r = self.q, other.q
+        joined = QuantizedTensor(cat(q.packed, r.packed), cat(q.scales, r.scales), cat(q.zeros, r.zeros),
+                                 (b * h * (t1 + t2), d), q.bits, q.group_size)
+        return IntChunk(joined, (b, h, t1 + t2, d), self.axis)
 
     def drop_first(self, n: int) -> "IntChunk | None":
         """This chunk without its first ``n`` positions (token axis: rows are independent), or None."""
@@ -81,6 +100,12 @@ class CastChunk:
     def nbytes(self) -> int:
         extra = 0 if self.scale is None else self.scale.numel() * self.scale.element_size()
         return self.data.numel() * self.data.element_size() + extra
+
+    def merged(self, other: "Chunk") -> "CastChunk | None":
+        if not isinstance(other, CastChunk):
+            return None
+        scale = None if self.scale is None else torch.cat([self.scale, other.scale], dim=2)
+        return CastChunk(torch.cat([self.data, other.data], dim=2), scale)
 
     def drop_first(self, n: int) -> "CastChunk":
         scale = None if self.scale is None else self.scale[:, :, n:].contiguous()
@@ -133,6 +158,15 @@ class Codec:
         return QuantizedTensor.analytic_nbytes((b * h * t, d), self.bits, group, False, 2)
 
 
+def _append(chunks: list[Chunk], chunk: Chunk) -> None:
+    """Add ``chunk`` after the others, joined to the last one where the layout allows (same bytes, fewer pieces)."""
+    joined = chunks[-1].merged(chunk) if chunks else None
+    if joined is not None:
+        chunks[-1] = joined
+    else:
+        chunks.append(chunk)
+
+
 class PackedKVLayer(DynamicLayer):
     """A cache layer: stored chunks (quantized once) + a full-precision residual of recent positions."""
 
@@ -153,8 +187,8 @@ class PackedKVLayer(DynamicLayer):
         move = overflow // self.block * self.block if overflow > 0 else 0
         for start in range(0, move, self.block if self.block > 1 else max(move, 1)):
             end = start + (self.block if self.block > 1 else move)
-            self.key_chunks.append(self.key_codec.encode(self.keys[:, :, start:end]))
-            self.value_chunks.append(self.value_codec.encode(self.values[:, :, start:end]))
+            _append(self.key_chunks, self.key_codec.encode(self.keys[:, :, start:end]))
+            _append(self.value_chunks, self.value_codec.encode(self.values[:, :, start:end]))
         if move:
             self.keys, self.values = self.keys[:, :, move:].contiguous(), self.values[:, :, move:].contiguous()
             self.stored_tokens += move
