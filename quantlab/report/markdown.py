@@ -42,14 +42,16 @@ def _points_table(rows: list[dict[str, Any]]) -> list[str]:
     if not any(len(r.get("decode_points") or []) > 1 for r in rows):
         return []
     lines = ["", "## Decode by batch size and context length", "",
-             "| variant | batch | prompt tokens | prefill ms | decode ms/token (p10–p90) | tokens/s | KV cache MiB | peak MiB | roofline |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| variant | batch | prompt tokens | prefill ms | decode ms/token (p10–p90) | tokens/s | KV cache MiB "
+             "| KV analytic MiB | peak MiB | roofline |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for p in r.get("decode_points") or []:
             lines.append(
                 f"| {r['variant']} | {p['batch_size']} | {p['prompt_tokens']} | {_num(p.get('prefill_ms'), '.2f')} "
                 f"| {_num(p.get('decode_ms_per_token'), '.2f')} ({_num(p.get('decode_ms_p10'), '.2f')}–{_num(p.get('decode_ms_p90'), '.2f')}) "
                 f"| {_num(p.get('tokens_per_s'), '.1f')} | {_num(p.get('kv_cache_bytes', 0) / MIB, '.3f')} "
+                f"| {_num(p['kv_cache_bytes_analytic'] / MIB if p.get('kv_cache_bytes_analytic') is not None else None, '.3f')} "
                 f"| {_num(p.get('peak_memory_bytes', 0) / MIB, '.1f')} | {_num(p.get('roofline_share'), '.1%')} |")
     return lines
 
