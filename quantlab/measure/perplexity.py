@@ -129,11 +129,6 @@ def cache_perplexity(
     }
 
 
-def windows_perplexity(model: nn.Module, ids: torch.Tensor, text: Text, **kwargs: Any) -> dict[str, Any]:
-    """``perplexity`` under the ``windows`` protocol."""
-    return perplexity(model, ids, text, protocol="windows", **kwargs)
-
-
 def protocol_summary(protocol: dict[str, Any]) -> str:
     """One line that says how a perplexity was obtained."""
     chunk = f", chunks of {protocol['chunk_tokens']} through the KV cache" if "chunk_tokens" in protocol else ""
