@@ -5,10 +5,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import QuantlabError
 from .models import BUNDLED_DIR
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

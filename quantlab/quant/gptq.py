@@ -21,23 +21,29 @@ def output_error(weight: torch.Tensor, q: QuantizedTensor, hessian: torch.Tensor
     return (0.5 * torch.einsum("oi,ij,oj->", delta, hessian, delta)).item()
 
 
-@WEIGHT_FORMATS.register("gptq", "GPTQ (Hessian-aware rounding, needs calibration); fields: bits, group_size, "
-                         "symmetric, act_order, damp, block_size, clip, scale_dtype, kernel")
-class GPTQFormat(AffineFormat):
+class GPTQSettings(AffineFormat):
+    """Fields every GPTQ backend shares; they all need calibration and quantize per channel or per group."""
+
     requires_calibration: ClassVar[bool] = True
     act_order: bool = Field(False, description="visit columns by decreasing Hessian diagonal (desc_act)")
     damp: float = Field(0.01, gt=0, lt=1, description="added to the Hessian diagonal, as a share of its mean")
-    block_size: int = Field(128, ge=1, description="columns per lazy batch update")
+    backend_tag: ClassVar[str] = "gptq"
 
     @model_validator(mode="after")
-    def _no_per_tensor(self) -> "GPTQFormat":
+    def _no_per_tensor(self) -> "GPTQSettings":
         if self.per_tensor:
             raise ValueError("GPTQ quantizes per output channel or per group; per_tensor is not supported")
         return self
 
     @property
     def label(self) -> str:
-        return super().label + "-gptq" + ("-act" if self.act_order else "")
+        return f"{super().label}-{self.backend_tag}" + ("-act" if self.act_order else "")
+
+
+@WEIGHT_FORMATS.register("gptq", "GPTQ (Hessian-aware rounding, needs calibration); fields: bits, group_size, "
+                         "symmetric, act_order, damp, block_size, clip, scale_dtype, kernel")
+class GPTQFormat(GPTQSettings):
+    block_size: int = Field(128, ge=1, description="columns per lazy batch update")
 
     def solve(self, weight: torch.Tensor, hessian: torch.Tensor) -> QuantizedTensor:
         return gptq_quantize(weight, hessian, self.bits, self.group_size, self.symmetric, self.act_order,

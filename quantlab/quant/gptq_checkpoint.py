@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import UnsupportedError
 from .kernels import DequantKernel
 from .linear import QuantizedLinear
-from .primitives import pack, unpack
+from .primitives import pack
 from .qtensor import QuantizedTensor
 
 EXPORT_BITS = (2, 4, 8)

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from ..errors import UnsupportedError
 from .format import WEIGHT_FORMATS, Calibration
 from .gptq_checkpoint import from_gptq_tensors
 from .linear import QuantizedLinear
-from .rtn import AffineFormat
+from .gptq import GPTQSettings
 
 
 @contextlib.contextmanager
@@ -37,14 +36,8 @@ def _inside(folder: Path) -> Iterator[None]:
 
 @WEIGHT_FORMATS.register("gptqmodel", "GPTQ by the GPTQModel library (optional extra quantlab[gptq]); fields: bits, "
                          "group_size, symmetric, act_order, damp, kernel")
-class GPTQModelFormat(AffineFormat):
-    requires_calibration: ClassVar[bool] = True
-    act_order: bool = Field(False, description="desc_act")
-    damp: float = Field(0.01, gt=0, lt=1, description="damp_percent")
-
-    @property
-    def label(self) -> str:
-        return super().label + "-gptqmodel" + ("-act" if self.act_order else "")
+class GPTQModelFormat(GPTQSettings):
+    backend_tag: ClassVar[str] = "gptqmodel"
 
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         try:

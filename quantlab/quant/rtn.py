@@ -13,6 +13,9 @@ from .primitives import ClipSearch
 from .qtensor import quantize_tensor
 
 
+KernelChoice = Literal[("auto", *KERNELS)]  # type: ignore[valid-type]
+
+
 class AffineFormat(WeightFormat):
     """Fields shared by integer affine formats."""
 
@@ -23,7 +26,7 @@ class AffineFormat(WeightFormat):
     clip: Literal["none", "mse"] = Field("none", description="mse: search a narrower range per group (grid 100, shrink <= 0.8, norm 2.4)")
     scale_dtype: DtypeName = "float16"
     compute_dtype: DtypeName | None = Field(default=None, description="activation dtype; null keeps the model's")
-    kernel: Literal["auto", *KERNELS] = Field("auto", description="matmul path; auto takes the fastest that supports the tensor")  # type: ignore[valid-type]
+    kernel: KernelChoice = Field("auto", description="matmul path; auto takes the fastest that supports the tensor")
 
     @property
     def kernels(self) -> list[str] | None:
