@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from .errors import QuantlabError
+from .quant.format import DTYPES
 
 if TYPE_CHECKING:
     from .recipe import ModelSpec
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def bundled_models() -> dict[str, Path]:

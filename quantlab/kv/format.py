@@ -40,3 +40,19 @@ class KVFormat(BaseModel):
 
 
 KV_FORMATS: Registry[KVFormat] = Registry("KV-cache format")
+
+
+def attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of the text model."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers, heads, head_dim
+
+
+def layer_windows(config: PretrainedConfig) -> list[int | None]:
+    """Each layer's sliding window (None: global attention)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    window = getattr(text, "sliding_window", None)
+    return [window if kind == "sliding_attention" and window else None for kind in kinds]

@@ -8,28 +8,12 @@ from pydantic import Field, model_validator
 from transformers import Cache, PretrainedConfig
 
 from ..errors import UnsupportedError
-from .format import KV_FORMATS, KVFormat
+from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
 from .packed import Codec, PackedKVLayer, PackedSlidingKVLayer
 
 CAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
 SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
-
-
-def _shape(config: PretrainedConfig) -> tuple[int, int, int]:
-    """(layers, KV heads, head dim) of the text model."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return text.num_hidden_layers, heads, head_dim
-
-
-def _windows(config: PretrainedConfig) -> list[int | None]:
-    """Each layer's sliding window (None: global attention)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    window = getattr(text, "sliding_window", None)
-    return [window if kind == "sliding_attention" and window else None for kind in kinds]
 
 
 class PackedKVFormat(KVFormat):
@@ -46,7 +30,7 @@ class PackedKVFormat(KVFormat):
             raise UnsupportedError(f"KV format {self.label} has no static cache; use engine eager")
         key, value, residual = self.codecs()
         return Cache(layers=[PackedKVLayer(key, value, residual) if window is None
-                             else PackedSlidingKVLayer(window, key, value, residual) for window in _windows(config)])
+                             else PackedSlidingKVLayer(window, key, value, residual) for window in layer_windows(config)])
 
     def cache_bytes(self, cache: Cache) -> int:
         return sum(layer.nbytes for layer in cache.layers)
@@ -54,13 +38,13 @@ class PackedKVFormat(KVFormat):
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
         """Per layer: positions stored through the codecs + the residual in ``dtype``. A sliding-window layer
         keeps the last ``window - 1`` positions (a per-channel block straddling the edge whole)."""
-        _, heads, head_dim = _shape(config)
+        _, heads, head_dim = attention_shape(config)
         key, value, residual_tokens = self.codecs()
         residual = PackedKVLayer(key, value, residual_tokens).residual_after(tokens)
         stored = tokens - residual
         itemsize = torch.tensor([], dtype=dtype).element_size()
         total = 0
-        for window in _windows(config):
+        for window in layer_windows(config):
             cutoff = 0 if window is None else max(0, tokens - (window - 1))
             kept = [stored - min(stored, cutoff // codec.block * codec.block) for codec in (key, value)]
             kept_residual = tokens - max(stored, cutoff)
@@ -107,7 +91,7 @@ class KVInt(PackedKVFormat):
         return f"int{self.bits}-{keys}{self.group_size}-r{self.residual_tokens}"
 
     def check(self, config: PretrainedConfig) -> str | None:
-        head_dim = _shape(config)[2]
+        head_dim = attention_shape(config)[2]
         if head_dim % self.group_size:  # values (and token-axis keys) group along the head dimension
             return f"group_size {self.group_size} does not divide the head dimension {head_dim}"
         return None

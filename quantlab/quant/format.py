@@ -56,8 +56,7 @@ class WeightFormat(BaseModel):
         for name in selected:
             new = self.quantize_module(name, model.get_submodule(name))
             if new is not None:
-                parent, _, child = name.rpartition(".")
-                setattr(model.get_submodule(parent) if parent else model, child, new)
+                model.set_submodule(name, new)
                 details[name] = {}
         return details
 

@@ -164,12 +164,10 @@ def load_gptq(
         part = {k: tensors.pop(f"{name}.{k}") for k in ("qweight", "qzeros", "scales", "g_idx")}
         q = from_gptq_tensors(part, qconfig["bits"], qconfig["group_size"], qconfig["sym"], checkpoint_format)
         bias = tensors.pop(f"{name}.bias", None)
-        q = QuantizedTensor(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in
-                              (q.packed, q.scales, q.zeros, q.shape, q.bits, q.group_size, q.g_idx)))
+        q = q.to(device)
         new = QuantizedLinear(DequantKernel(q) if kernels is None else _kernel(q, device, dtype, kernels),
                               None if bias is None else bias.to(device, dtype), q.bits, q.group_size)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, new)
+        model.set_submodule(name, new)
     model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=False, assign=True)
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]

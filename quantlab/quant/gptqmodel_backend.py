@@ -73,12 +73,7 @@ class GPTQModelFormat(GPTQSettings):
                 continue
             part = {k: tensors[f"{name}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
             q = from_gptq_tensors(part, self.bits, self.group_size or -1, self.symmetric, checkpoint_format)
-            q = type(q)(q.packed.to(device), q.scales.to(device), None if q.zeros is None else q.zeros.to(device),
-                        q.shape, q.bits, q.group_size, None if q.g_idx is None else q.g_idx.to(device))
-            module = model.get_submodule(name)
-            new = QuantizedLinear.from_linear(module, q, self.kernels)
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, new)
+            model.set_submodule(name, QuantizedLinear.from_linear(model.get_submodule(name), q.to(device), self.kernels))
             details[name] = {"backend": "gptqmodel"}
         if not details:
             raise UnsupportedError("GPTQModel quantized none of the selected modules")

@@ -63,6 +63,15 @@ class QuantizedTensor:
     def bits_per_weight(self) -> float:
         return 8 * self.nbytes / (self.shape[0] * self.shape[1])
 
+    def to(self, device: torch.device | str) -> "QuantizedTensor":
+        """The same tensor with its storage on ``device``."""
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return QuantizedTensor(move(self.packed), move(self.scales), move(self.zeros), self.shape, self.bits,
+                               self.group_size, move(self.g_idx))
+
     def codes(self) -> torch.Tensor:
         return unpack(self.packed, self.bits, self.shape[1])
 

@@ -112,11 +112,6 @@ def _dense_twin(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 Solve = Callable[[str, nn.Module, torch.Tensor], nn.Module]
 
 
-def _set(layer: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(layer.get_submodule(parent) if parent else layer, child, module)
-
-
 @torch.no_grad()
 def quantize_sequential_(
     model: nn.Module, selected: list[str], samples: list[torch.Tensor], solve: Solve, batch_size: int = 16
@@ -147,9 +142,9 @@ def quantize_sequential_(
             original = layer.get_submodule(name)
             quantized[name] = solve(layer_prefix + name, original, accumulators[name].hessian)
             new = quantized[name]
-            _set(layer, name, _dense_twin(new, linear_weight(original).dtype) if hasattr(new, "dequantize_weight") else new)
+            layer.set_submodule(name, _dense_twin(new, linear_weight(original).dtype) if hasattr(new, "dequantize_weight") else new)
             stats[layer_prefix + name] = {"calibration_rows": accumulators[name].rows}
         inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
         for name, module in quantized.items():
-            _set(layer, name, module)
+            layer.set_submodule(name, module)
     return stats
