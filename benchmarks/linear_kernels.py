@@ -15,11 +15,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from quantlab import quantize_tensor
+from quantlab import UnsupportedError, quantize_tensor
 from quantlab.measure.device import resolve_device, synchronize
 from quantlab.quant.kernels import KERNELS, choose_kernel
 
-CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32)]
+CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int2-g64", 2, 64)]
 
 
 def median_us(fn, device: torch.device, repeats: int) -> float:  # type: ignore[no-untyped-def]
@@ -44,7 +44,7 @@ def main() -> None:
     args = p.parse_args()
     device = resolve_device(args.device)
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"{'shape':>12} {'batch':>5} {'path':<34} {'µs':>10} {'vs fp32':>8} {'vs bf16':>8}")
+    print(f"{'shape':>12} {'batch':>5} {'path':<40} {'µs':>10} {'vs fp32':>8} {'vs bf16':>8}")
     for shape in args.shapes:
         n_in, out = (int(v) for v in shape.split("x"))
         w = torch.randn(out, n_in, device=device) * 0.02
@@ -60,10 +60,14 @@ def main() -> None:
                 for path in KERNELS:
                     if not KERNELS[path].supports(q, device, torch.bfloat16):
                         continue
-                    kernel = choose_kernel(q, device, torch.bfloat16, [path])
-                    rows.append((f"{name} {path}", median_us(lambda: kernel(x16), device, args.repeats)))
+                    try:
+                        kernel = choose_kernel(q, device, torch.bfloat16, [path])
+                    except UnsupportedError as e:
+                        print(f"{shape:>12} {batch:>5} {name} {path}: skipped ({e})")
+                        continue
+                    rows.append((f"{name} {kernel.path}", median_us(lambda: kernel(x16), device, args.repeats)))
             for label, us in rows:
-                print(f"{shape:>12} {batch:>5} {label:<34} {us:>10.1f} {fp32 / us:>7.2f}x {bf16 / us:>7.2f}x")
+                print(f"{shape:>12} {batch:>5} {label:<40} {us:>10.1f} {fp32 / us:>7.2f}x {bf16 / us:>7.2f}x")
 
 
 if __name__ == "__main__":

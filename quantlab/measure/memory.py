@@ -33,17 +33,32 @@ def _own_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     yield from module.buffers(recurse=False)
 
 
+def _modules_and_tensors(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Tensor]]:
+    """Each module with the tensors it owns; a kernel owns its submodules' tensors too (a library's
+    quantized layer inside a kernel counts as quantized weights, not as "other")."""
+    inside_kernels: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside_kernels:
+            continue
+        if isinstance(module, Kernel):
+            inside_kernels.update(id(m) for m in module.modules())
+            for t in list(module.parameters()) + list(module.buffers()):
+                yield module, t
+        else:
+            for t in _own_tensors(module):
+                yield module, t
+
+
 def weight_bytes_by_component(model: nn.Module) -> dict[str, int]:
     """Bytes of parameters and buffers by component, each storage counted once (tied weights too)."""
     seen: set[int] = set()
     out = {"quantized_linear": 0, "linear": 0, "embedding": 0, "other": 0}
-    for module in model.modules():
-        for t in _own_tensors(module):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in seen:
-                continue
-            seen.add(ptr)
-            out[_component(module)] += t.untyped_storage().nbytes()
+    for module, t in _modules_and_tensors(model):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[_component(module)] += t.untyped_storage().nbytes()
     return out
 
 
@@ -54,13 +69,12 @@ def decode_weight_bytes_read(model: nn.Module) -> int:
     head_ptr = head.weight.untyped_storage().data_ptr() if head is not None and hasattr(head, "weight") else None
     seen: set[int] = set()
     total = 0
-    for module in model.modules():
-        for t in _own_tensors(module):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr in seen or (isinstance(module, nn.Embedding) and ptr != head_ptr):
-                continue
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
+    for module, t in _modules_and_tensors(model):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen or (isinstance(module, nn.Embedding) and ptr != head_ptr):
+            continue
+        seen.add(ptr)
+        total += t.untyped_storage().nbytes()
     return total
 
 

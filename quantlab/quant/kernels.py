@@ -3,7 +3,8 @@
 Each kernel holds the tensors its path needs (converted once, at quantization
 time) in place of the generic packed layout, so the bytes measured are the
 bytes the matmul really reads. Preference: torch's int4 tinygemm (CUDA),
-torch's int4 CPU kernel, torch's int8 weight-only kernel, dequantize+matmul.
+torch's int4 CPU kernel, torch's int8 weight-only kernel, GPTQModel's kernels where
+installed (``kernel_gptqmodel``), dequantize+matmul.
 """
 from __future__ import annotations
 
@@ -208,14 +209,31 @@ class Int8Kernel(Kernel):
 
 KERNELS: dict[str, type[Kernel]] = {
     k.path: k for k in (Int4TinyGemmKernel, Int4CPUKernel, Int8Kernel, DequantKernel)
-}
+}  # in order of preference
+
+
+def register_kernel(cls: type[Kernel], before: str) -> None:
+    """Add a matmul path to ``KERNELS``, preferred just ahead of the path named ``before``."""
+    items = list(KERNELS.items())
+    at = [path for path, _ in items].index(before)
+    KERNELS.clear()
+    KERNELS.update(items[:at] + [(cls.path, cls)] + items[at:])
 
 
 def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None) -> Kernel:
-    """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations."""
+    """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations.
+
+    A kernel that turns out not to handle the tensor when built (``UnsupportedError``) passes the
+    choice on to the next one, unless it was the only one allowed.
+    """
+    reasons: list[str] = []
     for path, cls in KERNELS.items():
         if (allowed is None or path in allowed) and cls.supports(q, device, dtype):
-            return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
+            try:
+                return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
+            except UnsupportedError as e:
+                reasons.append(str(e))
     g = "per channel" if q.group_size is None else f"group {q.group_size}"
     raise UnsupportedError(f"kernel {', '.join(allowed or [])} does not support {q.bits}-bit {g} weights of shape "
-                           f"{q.shape} with {str(dtype).removeprefix('torch.')} activations on {device.type}")
+                           f"{q.shape} with {str(dtype).removeprefix('torch.')} activations on {device.type}"
+                           + (f": {'; '.join(reasons)}" if reasons else ""))

@@ -67,12 +67,15 @@ def test_export_refuses_kernel_layouts_and_mixed_settings(tmp_path: Path) -> Non
         save_gptq(model, tmp_path / "y")
 
 
-def test_imported_layers_can_take_a_fast_kernel(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel", ["int4pack_mm_cpu", "gptqmodel"])
+def test_imported_layers_can_take_a_fast_kernel(tmp_path: Path, kernel: str) -> None:
+    if kernel == "gptqmodel":
+        pytest.importorskip("gptqmodel")
     model = make_llama()
     quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, kernel="dequantize+matmul"))
     save_gptq(model, tmp_path / "ckpt")
-    fast = load_gptq(tmp_path / "ckpt", dtype=torch.bfloat16, kernels=["int4pack_mm_cpu"])
-    assert fast.model.layers[0].self_attn.o_proj.kernel_path == "int4pack_mm_cpu"
+    fast = load_gptq(tmp_path / "ckpt", dtype=torch.bfloat16, kernels=[kernel])
+    assert fast.model.layers[0].self_attn.o_proj.kernel_path.split(":")[0] == kernel
     ids = torch.randint(0, 4096, (1, 16))
     with torch.no_grad():
         ref, got = model(ids).logits, fast(ids).logits.float()

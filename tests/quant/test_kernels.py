@@ -2,9 +2,12 @@ import pytest
 import torch
 
 from quantlab import gptq_quantize, quantize_tensor
+from quantlab.quant.kernel_gptqmodel import GPTQModelKernel, gptqmodel_available
 from quantlab.quant.kernels import DequantKernel, Int4CPUKernel, Int4TinyGemmKernel, Int8Kernel, choose_kernel
 
 CPU = torch.device("cpu")
+# Grouped shapes torch's kernels do not take go to GPTQModel's kernels where it is installed.
+GROUPED_FALLBACK = GPTQModelKernel if gptqmodel_available() else DequantKernel
 
 
 def _weight(out: int = 96, n_in: int = 512) -> torch.Tensor:
@@ -21,8 +24,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("bits,group_size,symmetric,expected", [
     (4, 128, False, Int4CPUKernel), (4, 32, True, Int4CPUKernel), (4, None, False, Int4CPUKernel),
-    (8, None, False, Int8Kernel), (8, None, True, Int8Kernel), (8, 128, False, DequantKernel),
-    (3, 128, False, DequantKernel), (4, 16, False, DequantKernel),
+    (8, None, False, Int8Kernel), (8, None, True, Int8Kernel), (8, 128, False, GROUPED_FALLBACK),
+    (3, 128, False, DequantKernel), (4, 16, False, GROUPED_FALLBACK),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_choice_and_agreement_with_the_dequantized_reference(bits, group_size, symmetric, expected, dtype) -> None:
