@@ -1,4 +1,4 @@
-"""The ``quantlab`` command: run | report | formats."""
+"""The ``quantlab`` command: run | report | compare | estimate | formats."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,13 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .report.compare import compare_runs
+
+    print(compare_runs([Path(d) for d in args.dirs], args.out))
+    return 0
+
+
 def _formats(args: argparse.Namespace) -> int:
     from .kv import KV_FORMATS
     from .quant import WEIGHT_FORMATS
@@ -36,6 +43,44 @@ def _formats(args: argparse.Namespace) -> int:
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())
             print(f"  {entry.name:<10} {entry.summary}" + (f" [{fixed}]" if fixed else ""))
+    return 0
+
+
+DEFAULT_WEIGHT_FORMATS = ["fp32", "bf16", "int8", "int4:group_size=128", "int3:group_size=128"]
+DEFAULT_KV_FORMATS = ["native", "fp8", "int8", "int4"]
+
+
+def parse_format_spec(spec: str) -> dict[str, object]:
+    """``int4:group_size=128,symmetric=true`` -> ``{"format": "int4", "group_size": 128, "symmetric": True}``."""
+    import yaml
+
+    name, _, fields = spec.partition(":")
+    entry: dict[str, object] = {"format": name}
+    for item in filter(None, fields.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise QuantlabError(f"format {spec!r}: expected field=value after ':', got {item!r}")
+        entry[key.strip()] = yaml.safe_load(value)
+    return entry
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    import json
+
+    from .estimate import estimate, render_estimate
+    from .kv import KV_FORMATS
+    from .quant import WEIGHT_FORMATS
+    from .recipe import resolve_format
+
+    weights = [resolve_format(WEIGHT_FORMATS, parse_format_spec(s), "--weight-format", s) for s in args.weight_format]
+    kv = [resolve_format(KV_FORMATS, parse_format_spec(s), "--kv-format", s) for s in args.kv_format]
+    if (args.seq_len is not None and args.seq_len <= 0) or args.batch <= 0:
+        raise QuantlabError("--seq-len and --batch must be positive integers")
+    est = estimate(args.config, weights, kv, args.seq_len, args.batch, args.dtype)
+    print(json.dumps(est.to_dict(), indent=2) if args.json else render_estimate(est), end="" if not args.json else "\n")
+    if est.architecture.not_interpreted:
+        print(f"quantlab: warning: {args.config}: not interpreted (estimated without them): "
+              + "; ".join(est.architecture.not_interpreted), file=sys.stderr)
     return 0
 
 
@@ -55,6 +100,29 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Rebuild the report of a finished or interrupted run from its results.jsonl.")
     report.add_argument("dir", help="a run's output folder")
     report.set_defaults(func=_report)
+    compare = sub.add_parser("compare", help="one report across runs, variants aligned by label",
+                             description="Build compare.md, compare.html and compare.csv from two or more result "
+                             "folders (e.g. one recipe on two machines, or two recipes sharing a baseline); later runs "
+                             "are also given as ratios to the first.")
+    compare.add_argument("dirs", nargs="+", help="result folders of finished or interrupted runs")
+    compare.add_argument("--out", type=Path, default=Path("reports") / "compare", help="output folder (default: reports/compare)")
+    compare.set_defaults(func=_compare)
+    est = sub.add_parser("estimate", help="evidence table and memory worksheet from a model's config (no weights)",
+                         description="Read a config.json (or a model folder, or a hub id where the hub is reachable): "
+                         "which facts the file states, which the transformers implementation decides, parameters by "
+                         "component, weight payload per weight format and KV cache per KV format. "
+                         "Formats are names with optional fields, e.g. int4:group_size=64,symmetric=true.")
+    est.add_argument("config", help="config.json, model folder or hub id")
+    est.add_argument("--seq-len", type=int, default=None, help="stored positions per sequence (default: the position limit)")
+    est.add_argument("--batch", type=int, default=1, help="independent sequences (default 1)")
+    est.add_argument("--weight-format", nargs="+", default=DEFAULT_WEIGHT_FORMATS, metavar="F",
+                     help=f"weight formats (default: {' '.join(DEFAULT_WEIGHT_FORMATS)})")
+    est.add_argument("--kv-format", nargs="+", default=DEFAULT_KV_FORMATS, metavar="F",
+                     help=f"KV-cache formats (default: {' '.join(DEFAULT_KV_FORMATS)})")
+    est.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                     help="dtype of unquantized tensors and of native KV caches (default: the file's torch_dtype)")
+    est.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    est.set_defaults(func=_estimate)
     formats = sub.add_parser("formats", help="list the registered weight and KV-cache formats",
                              description="List every registered weight and KV-cache format with one line each.")
     formats.set_defaults(func=_formats)

@@ -53,6 +53,11 @@ def _location(spec: "ModelSpec") -> tuple[str, dict[str, Any]]:
     return spec.hub or "", {"revision": spec.revision}
 
 
+def model_location(spec: "ModelSpec") -> str:
+    """Where the model's files are: a folder, a config.json, or a hub id."""
+    return spec.config if spec.config else _location(spec)[0]
+
+
 def load_config(spec: "ModelSpec") -> Any:
     """The model's transformers config (no weights are read)."""
     from transformers import AutoConfig
@@ -67,6 +72,11 @@ def load_config(spec: "ModelSpec") -> Any:
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise QuantlabError(f"cannot load the model config from {where}: {first}") from None
+
+
+def model_dtype_name(spec: "ModelSpec", config: Any) -> str:
+    """The dtype the model is loaded in, by name (``float32``, ``bfloat16``, ``float16``)."""
+    return str(_dtype(spec, config)).removeprefix("torch.")
 
 
 def _dtype(spec: "ModelSpec", config: Any) -> torch.dtype:

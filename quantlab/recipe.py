@@ -241,7 +241,7 @@ def format_spec(registry: Registry[Any], fmt: BaseModel) -> dict[str, Any]:
     return {"format": registry.canonical_name(fmt), **fmt.model_dump(mode="json")}
 
 
-def _resolve_format(registry: Registry[Any], entry: Any, file: str, where: str) -> Any:
+def resolve_format(registry: Registry[Any], entry: Any, file: str, where: str) -> Any:
     if isinstance(entry, str):
         entry = {"format": entry}
     if not isinstance(entry, dict):
@@ -273,7 +273,7 @@ def _resolve_formats(data: dict[str, Any], key: str, registry: Registry[Any], fi
         return
     if not isinstance(entries, list):
         raise RecipeError(file, key, f"expected a list of formats (known: {', '.join(registry.names())})")
-    data[key] = [_resolve_format(registry, e, file, f"{key}[{i}]") for i, e in enumerate(entries)]
+    data[key] = [resolve_format(registry, e, file, f"{key}[{i}]") for i, e in enumerate(entries)]
 
 
 def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:

@@ -11,6 +11,19 @@ RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "manifest.json"
 
 
+def _umask_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (mkstemp's own is 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def publish(tmp: str | Path, path: Path) -> None:
+    """Move a finished temporary file into place with ordinary permissions."""
+    os.chmod(tmp, _umask_mode())
+    os.replace(tmp, path)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -20,7 +33,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -23,10 +23,12 @@ from .measure.latency import measure_decode
 from .measure.lm_eval_protocol import lm_eval_perplexity, lm_eval_tasks
 from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
 from .measure.perplexity import cache_perplexity, perplexity, tokenize
-from .models import LoadedModel, load_config, load_model
+from .estimate.worksheet import estimates_beside_measured
+from .models import LoadedModel, load_config, load_model, model_dtype_name, model_location
 from .quant import quantize_
 from .quant.format import Calibration
 from .recipe import PerplexityEval, Recipe, Variant, validate_recipe
+from .progress import progress
 from .results import MANIFEST_FILE, ResultStore, atomic_write_text
 
 Log = Callable[[str], None]
@@ -100,7 +102,7 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     )
     w = recipe.workload
     points = []
-    for batch_size, prompt_tokens in w.points():
+    for batch_size, prompt_tokens in progress(w.points(), "decode points (batch, prompt)"):
         decode = measure_decode(model, variant.kv, batch_size=batch_size, prompt_tokens=prompt_tokens,
                                 new_tokens=w.new_tokens, warmup_runs=w.warmup_runs,
                                 prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device, engine=w.engine)
@@ -128,7 +130,8 @@ def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
         raise
     except Exception as e:  # a failed variant is a result, not the end of the run
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        traceback.print_exc(file=sys.stderr)
+        if not isinstance(e, QuantlabError):  # an unexpected failure: keep its traceback for the log
+            traceback.print_exc(file=sys.stderr)
         return _failed(recipe, variant, f"{type(e).__name__}: {first}")
 
 
@@ -137,13 +140,48 @@ def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
         spec, out = Path(tmp) / "recipe.json", Path(tmp) / "row.json"
         spec.write_text(json.dumps(recipe.to_spec()))
+        # On a terminal the worker's progress bars show through; otherwise its stderr is kept for the error line.
+        stderr = None if sys.stderr.isatty() else subprocess.PIPE
         proc = subprocess.run([sys.executable, "-m", "quantlab.worker", str(spec), str(index), str(out)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         if out.is_file():
             return json.loads(out.read_text())
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        why = lines[-1] if lines else "no output"
+        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+        why = lines[-1] if lines else ("killed (out of memory?)" if proc.returncode in (-9, 137) else "see the log above")
         return _failed(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
+
+
+def _model_evidence(recipe: Recipe, config: Any) -> list[dict[str, Any]]:
+    """The evidence table of the model's config (file / implementation / assumption), for the report."""
+    from .estimate import read_architecture, read_raw_config
+
+    try:
+        raw, _ = read_raw_config(model_location(recipe.model))  # the file as written, where there is one
+    except QuantlabError:
+        raw = config.to_dict()  # e.g. a GGUF file: the config transformers built from it
+    try:
+        return [vars(e) for e in read_architecture(raw).evidence]
+    except Exception:  # noqa: BLE001 - the report then has no architecture rows; the run is unaffected
+        return []
+
+
+def _add_config_estimates(row: dict[str, Any], config: Any, recipe: Recipe, variant: Variant, log: Log) -> None:
+    """Put what the config alone predicts (``quantlab estimate``) beside the measured weight and KV bytes."""
+    if row.get("status") != "ok":
+        return
+    points = row.get("decode_points") or []
+    positions = [(p["batch_size"], p.get("kv_cache_tokens") or p["prompt_tokens"] + recipe.workload.new_tokens) for p in points]
+    try:
+        est = estimates_beside_measured(config, variant.weight, variant.kv, model_dtype_name(recipe.model, config), positions)
+    except Exception as e:  # noqa: BLE001 - an estimate that cannot be made leaves the measurement as it is
+        log(f"{variant.label}: no config estimate ({type(e).__name__}: {e})")
+        return
+    kv = est.pop("kv_cache_bytes_estimate")
+    row.update(est)
+    for point, kv_bytes in zip(points, kv):
+        point["kv_cache_bytes_estimate"] = kv_bytes
+    if points:
+        row["kv_cache_bytes_estimate"] = kv[0]
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr) -> Path:
@@ -172,6 +210,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         "memory_bandwidth_method": "median of 5 copies of 256 MiB (read + write), device synchronized",
         "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": keys,
         "variants": [v.label for v in variants], "complete": False, "started_at": _now(), "environment": environment(),
+        "model_evidence": _model_evidence(recipe, config),
     }
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     store.flush()
@@ -183,6 +222,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         log(f"{tag}: running")
         row = _measure_in_subprocess(recipe, i) if recipe.isolation == "process" else measure_variant_safely(recipe, variant)
         row.update(roofline(row, bandwidth))
+        _add_config_estimates(row, config, recipe, variant, log)
         for point in row.get("decode_points", []):
             point.update(roofline({**point, "decode_weight_bytes_read": row["decode_weight_bytes_read"]}, bandwidth))
         store.put(row)

@@ -37,6 +37,8 @@ def test_every_variant_is_measured_with_units_and_protocol(quickstart_slice: Pat
         assert r["tokens_per_s"] == pytest.approx(1000 / r["decode_ms_per_token"], rel=1e-3)
         assert r["decode_steps"] == 4 and r["kv_format"] == "native" and r["device"].startswith("cpu")
         assert r["kv_cache_bytes"] == r["kv_cache_bytes_analytic"] > 0 and r["kv_cache_tokens"] == 20
+        # What the config alone predicts (quantlab estimate) is what was measured, to the byte.
+        assert r["weight_bytes_estimate"] == r["weight_bytes"] and r["kv_cache_bytes_estimate"] == r["kv_cache_bytes"]
         assert r["peak_memory_bytes"] == max(r["peak_prefill_bytes"], r["peak_decode_bytes"])
         assert 0 < r["roofline_share"] < 1 and r["decode_bytes_read_per_step"] > r["decode_weight_bytes_read"]
         proto = r["perplexity_protocol"]
@@ -56,6 +58,7 @@ def test_report_and_csv_put_the_baseline_first(quickstart_slice: Path) -> None:
     table = [ln for ln in report.splitlines() if ln.startswith("| ") and "variant" not in ln]
     assert table[0].startswith("| fp32 | ok |") and len(table) == 4
     assert "windows: window 256, stride 256" in report
+    assert "config estimate MiB" in report and "meta device" in report
     csv = (quickstart_slice / "results.csv").read_text().splitlines()
     assert len(csv) == 5 and "weight_bytes_ratio" in csv[0]
     assert json.loads((quickstart_slice / "manifest.json").read_text())["complete"] is True
@@ -63,11 +66,13 @@ def test_report_and_csv_put_the_baseline_first(quickstart_slice: Path) -> None:
 
 def test_report_is_rebuilt_from_results_jsonl(quickstart_slice: Path) -> None:
     before = (quickstart_slice / "report.md").read_text()
+    page = (quickstart_slice / "report.html").read_text()
     (quickstart_slice / "report.md").unlink()
     (quickstart_slice / "results.csv").unlink()
     proc = subprocess.run([sys.executable, "-m", "quantlab.cli", "report", str(quickstart_slice)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (quickstart_slice / "report.md").read_text() == before
+    assert (quickstart_slice / "report.html").read_text() == page  # plots included: same data, same bytes
     assert (quickstart_slice / "results.csv").is_file()
 
 
@@ -166,3 +171,68 @@ def test_compiled_engine_decodes_over_a_static_cache(small_model_dir: Path, tmp_
     assert row["engine"] == "compiled" and row["engine_options"]["mode"] in ("default", "reduce-overhead")
     assert row["kv_cache_bytes"] == row["kv_cache_bytes_analytic"]  # the static cache holds prompt + new tokens
     assert "engine `compiled`" in (tmp_path / "out" / "report.md").read_text()
+
+
+DETERMINISTIC = ("variant", "variant_key", "status", "weight_bytes", "weight_bytes_analytic", "weight_bytes_estimate",
+                 "kv_cache_bytes", "perplexity", "kernel_path")
+
+
+def _cli_recipe(model_dir: Path, tmp_path: Path) -> Path:
+    import yaml
+
+    recipe = _small_recipe(model_dir, ["fp32", {"format": "int4", "group_size": 64}])
+    recipe["isolation"] = "process"
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def _run_cli(recipe: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantlab.cli", "run", str(recipe), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _kept(rows: list[dict]) -> list[tuple]:
+    return [tuple(r.get(k) for k in DETERMINISTIC) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    recipe = _cli_recipe(small_model_dir, folder)
+    done = _run_cli(recipe, folder / "out")
+    assert done.returncode == 0, done.stderr
+    return recipe, read_jsonl(folder / "out" / "results.jsonl")
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
+def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
+    uninterrupted: tuple[Path, list[dict]], tmp_path: Path, signal_name: str
+) -> None:
+    import os
+    import signal
+    import time
+
+    recipe, expected = uninterrupted
+
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "quantlab.cli", "run", str(recipe), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not read_jsonl(out / "results.jsonl") and time.monotonic() < deadline:  # the first variant is done
+        time.sleep(0.2)
+    os.killpg(proc.pid, getattr(signal, signal_name))  # the whole group, as Ctrl-C or a kill would
+    _, stderr = proc.communicate(timeout=120)
+    partial = read_jsonl(out / "results.jsonl")
+    assert len(partial) == 1 and partial[0]["status"] == "ok"  # killed while the second variant ran
+    assert json.loads((out / "manifest.json").read_text())["complete"] is False
+    if signal_name == "SIGINT":
+        assert proc.returncode == 130 and "run the same command again to resume" in stderr
+
+    resumed = _run_cli(recipe, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("already measured, skipped") == len(partial)
+    rows = read_jsonl(out / "results.jsonl")
+    assert len({r["variant_key"] for r in rows}) == len(rows) == 2  # no lost rows, no duplicates
+    assert _kept(rows) == _kept(expected)
+    assert json.loads((out / "manifest.json").read_text())["complete"] is True

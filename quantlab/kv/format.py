@@ -51,8 +51,10 @@ def attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
 
 
 def layer_windows(config: PretrainedConfig) -> list[int | None]:
-    """Each layer's sliding window (None: global attention)."""
+    """Each layer's sliding window (None: global attention). Without ``layer_types``, transformers' caches
+    treat every layer as sliding when ``sliding_window`` is set (Mistral-7B-v0.1, Phi-3-mini)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
     window = getattr(text, "sliding_window", None)
+    kinds = getattr(text, "layer_types", None) or [
+        "sliding_attention" if window else "full_attention"] * text.num_hidden_layers
     return [window if kind == "sliding_attention" and window else None for kind in kinds]

@@ -40,6 +40,7 @@ class DecodeResult:
             "decode_ms_p10": round(q[0], 4),
             "decode_ms_p90": round(q[-1], 4),
             "decode_steps": len(self.decode_ms),
+            "decode_ms_samples": [round(t, 4) for t in self.decode_ms],
             "tokens_per_s": round(batch_size * 1e3 / median, 3),
             **self.memory,
         }

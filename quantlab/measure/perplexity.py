@@ -14,6 +14,7 @@ from torch import nn
 
 from ..data import Text
 from ..errors import QuantlabError
+from ..progress import progress
 
 
 def tokenize(tokenizer: Any, text: Text) -> torch.Tensor:
@@ -48,13 +49,14 @@ def _negative_log_likelihood(model: nn.Module, ids: torch.Tensor, spans: list[Sp
     for begin, end, scored in spans:
         groups.setdefault((end - begin, scored), []).append(begin)
     nll, count = 0.0, 0
-    for (length, scored), begins in groups.items():
-        for chunk in range(0, len(begins), batch_size):
-            batch = torch.stack([ids[b: b + length] for b in begins[chunk: chunk + batch_size]]).to(device)
-            logits = model(input_ids=batch).logits[:, length - scored - 1: length - 1].float()
-            targets = batch[:, length - scored:]
-            nll += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum").item()
-            count += targets.numel()
+    batches = [(length, scored, begins[c: c + batch_size]) for (length, scored), begins in groups.items()
+               for c in range(0, len(begins), batch_size)]
+    for length, scored, chunk_begins in progress(batches, "perplexity, batches of windows"):
+        batch = torch.stack([ids[b: b + length] for b in chunk_begins]).to(device)
+        logits = model(input_ids=batch).logits[:, length - scored - 1: length - 1].float()
+        targets = batch[:, length - scored:]
+        nll += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum").item()
+        count += targets.numel()
     if not math.isfinite(nll):
         raise QuantlabError("perplexity is not finite (the model produced NaN or Inf logits)")
     return nll, count
@@ -106,7 +108,7 @@ def cache_perplexity(
     windows = ids[: n_windows * window_tokens].view(n_windows, window_tokens)
     arg = cache_kwarg(model)
     nll, scored = 0.0, 0
-    for batch in windows.split(batch_size):
+    for batch in progress(windows.split(batch_size), "perplexity through the cache, batches"):
         batch = batch.to(device)
         cache = kv.make_cache(model.config)
         logits = []

@@ -1,6 +1,7 @@
 """Floating-point baselines as formats (fp32 / bf16 / fp16), so baselines take the same path as quantized variants."""
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
@@ -16,6 +17,9 @@ class CastFormat(WeightFormat):
 
     def prepare_model_(self, model: nn.Module) -> None:
         model.to(DTYPES[self.dtype])
+
+    def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
+        return DTYPES[self.dtype]
 
 
 WEIGHT_FORMATS.add("fp32", CastFormat, "float32 weights and activations", dtype="float32")

@@ -43,6 +43,14 @@ class WeightFormat(BaseModel):
     def prepare_model_(self, model: nn.Module) -> None:
         """Whole-model changes made before any module is replaced (e.g. a dtype cast)."""
 
+    def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
+        """The dtype of tensors the format leaves unquantized (embeddings, norms, biases, the head)."""
+        return base
+
+    def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
+        """Bytes a selected linear weight ``[out, in]`` takes in this format's layout, from its shape alone."""
+        return out_features * in_features * self.unquantized_dtype(base).itemsize
+
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module | None:
         """A replacement for a selected linear module, or None to leave it as it is."""
         return None

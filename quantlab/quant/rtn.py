@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field, model_validator
 from torch import nn
 
@@ -10,7 +11,7 @@ from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
 from .kernels import KERNELS
 from .linear import QuantizedLinear, linear_weight
 from .primitives import ClipSearch
-from .qtensor import quantize_tensor
+from .qtensor import QuantizedTensor, quantize_tensor
 
 
 KernelChoice = Literal[("auto", *KERNELS)]  # type: ignore[valid-type]
@@ -59,6 +60,15 @@ class AffineFormat(WeightFormat):
     def prepare_model_(self, model: nn.Module) -> None:
         if self.compute_dtype:
             model.to(DTYPES[self.compute_dtype])
+
+    def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
+        return DTYPES[self.compute_dtype] if self.compute_dtype else base
+
+    def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
+        """The generic packed layout: codes, scales, zero points (asymmetric), group indices (act-order)."""
+        return QuantizedTensor.analytic_nbytes((out_features, in_features), self.bits, self.group_size, self.symmetric,
+                                               DTYPES[self.scale_dtype].itemsize, getattr(self, "act_order", False),
+                                               self.per_tensor)
 
 
 @WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, scale_dtype, kernel")

@@ -16,19 +16,24 @@ def _num(x: Any, fmt: str) -> str:
     return format(x, fmt)
 
 
+def _mib(x: Any) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / MIB:.3f}"
+
+
 def _table(frame: pd.DataFrame) -> list[str]:
-    head = ("| variant | status | weights MiB | × base | analytic MiB | KV cache MiB | peak MiB | prefill ms "
+    head = ("| variant | status | weights MiB | × base | analytic MiB | config estimate MiB | KV cache MiB | peak MiB | prefill ms "
             "| decode ms/token (p10–p90) | tokens/s | × base | roofline | perplexity | Δ base |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for _, r in frame.iterrows():
         get = r.get
         if get("status") != "ok":
-            lines.append(f"| {r['variant']} | **failed**: {get('error')} |" + " |" * 12)
+            lines.append(f"| {r['variant']} | **failed**: {get('error')} |" + " |" * 13)
             continue
         decode = f"{_num(get('decode_ms_per_token'), '.2f')} ({_num(get('decode_ms_p10'), '.2f')}–{_num(get('decode_ms_p90'), '.2f')})"
         lines.append(
             f"| {r['variant']} | ok | {_num(get('weight_bytes', 0) / MIB, '.3f')} | {_num(get('weight_bytes_ratio'), '.3f')} "
-            f"| {_num(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {_num(get('kv_cache_bytes', 0) / MIB, '.3f')} "
+            f"| {_num(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {_mib(get('weight_bytes_estimate'))} "
+            f"| {_num(get('kv_cache_bytes', 0) / MIB, '.3f')} "
             f"| {_num(get('peak_memory_bytes', 0) / MIB, '.1f')} "
             f"| {_num(get('prefill_ms'), '.2f')} | {decode} | {_num(get('tokens_per_s'), '.1f')} "
             f"| {_num(get('tokens_per_s_ratio'), '.2f')} | {_num(get('roofline_share'), '.1%')} "
@@ -43,17 +48,29 @@ def _points_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["", "## Decode by batch size and context length", "",
              "| variant | batch | prompt tokens | prefill ms | decode ms/token (p10–p90) | tokens/s | KV cache MiB "
-             "| KV analytic MiB | peak MiB | roofline |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| KV analytic MiB | KV config estimate MiB | peak MiB | roofline |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for p in r.get("decode_points") or []:
             lines.append(
                 f"| {r['variant']} | {p['batch_size']} | {p['prompt_tokens']} | {_num(p.get('prefill_ms'), '.2f')} "
                 f"| {_num(p.get('decode_ms_per_token'), '.2f')} ({_num(p.get('decode_ms_p10'), '.2f')}–{_num(p.get('decode_ms_p90'), '.2f')}) "
                 f"| {_num(p.get('tokens_per_s'), '.1f')} | {_num(p.get('kv_cache_bytes', 0) / MIB, '.3f')} "
-                f"| {_num(p['kv_cache_bytes_analytic'] / MIB if p.get('kv_cache_bytes_analytic') is not None else None, '.3f')} "
+                f"| {_mib(p.get('kv_cache_bytes_analytic'))} | {_mib(p.get('kv_cache_bytes_estimate'))} "
                 f"| {_num(p.get('peak_memory_bytes', 0) / MIB, '.1f')} | {_num(p.get('roofline_share'), '.1%')} |")
     return lines
+
+
+def _pareto_line(frame: pd.DataFrame) -> list[str]:
+    from .pareto import pareto_front
+    from .plots import footprint_bytes
+
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    if "perplexity" not in ok or ok["perplexity"].isna().all():
+        return []
+    front = [v for v, f in zip(ok["variant"], pareto_front(list(footprint_bytes(ok)), list(ok["perplexity"].astype(float)))) if f]
+    return ["", f"Pareto front of perplexity against weights + KV-cache bytes: {', '.join(front)}. "
+            "Plots, the memory breakdown and the evidence table: [report.html](report.html)."]
 
 
 def _first_ok(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -73,16 +90,20 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         + ("" if manifest.get("complete", True) else "  \n**Incomplete run**: some variants have not been measured yet."),
         "",
         *_table(frame),
+        *_pareto_line(frame),
         *_points_table(rows),
         "",
         "## How these figures were obtained",
         "",
         "- **weights MiB**: measured, bytes of every parameter and buffer the model holds after quantization "
         "(packed codes, scales and zero points included; tied tensors counted once). **analytic MiB**: the same "
-        "total from each format's bits, group size and metadata.",
+        "total from each format's bits, group size and metadata, layer by layer on the quantized model. "
+        "**config estimate MiB**: predicted from the model's config alone, before loading (`quantlab estimate`: "
+        f"{ok.get('estimate_params_source') or 'the module tree'} × the format's byte formula).",
         "- **KV cache MiB**: measured from the cache's tensors after the timed generation "
         f"({ok.get('kv_cache_tokens', '—')} positions); the format's formula gives {_num(ok.get('kv_cache_bytes_analytic'), ',')} "
-        f"bytes for the first row, measured {_num(ok.get('kv_cache_bytes'), ',')}.",
+        f"bytes for the first row, the config estimate {_num(ok.get('kv_cache_bytes_estimate'), ',')}, "
+        f"measured {_num(ok.get('kv_cache_bytes'), ',')}.",
         f"- **peak MiB**: the larger of the prefill and decode peaks of that generation; method: {ok.get('peak_memory_method', '—')}.",
         f"- **roofline**: bytes one decode step must read (weights it touches + KV cache at the mean decode length) "
         f"÷ the device's copy bandwidth ({_num(manifest.get('memory_bandwidth_bytes_per_s', float('nan')) / 1e9, '.1f')} GB/s, "

@@ -1,0 +1,207 @@
+"""The memory worksheet: parameters by component, weight payload per weight format, KV cache per KV format.
+
+Every figure comes from the config (evidence table), transformers' modules on the
+meta device and each format's own byte formula; nothing is loaded or measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import QuantlabError
+from ..kv.format import KVFormat
+from ..quant.format import DTYPES, WeightFormat
+from .evidence import ASSUMPTION, Architecture, Evidence, config_object, read_architecture, read_raw_config
+from .inventory import Inventory, from_formula, from_implementation
+
+GB, GIB = 10**9, 2**30
+
+
+@dataclass
+class WeightPayload:
+    label: str
+    bytes: int
+    quantized_params: int
+    quantized_bytes: int
+    unquantized_dtype: str
+
+    @property
+    def bits_per_quantized_weight(self) -> float | None:
+        return 8 * self.quantized_bytes / self.quantized_params if self.quantized_params else None
+
+
+@dataclass
+class KVPayload:
+    label: str
+    bytes_full: int | None  # every layer stores every position
+    bytes_retained: int | None  # sliding-window layers keep only their window
+    note: str = ""
+
+
+@dataclass
+class Estimate:
+    source: str
+    architecture: Architecture
+    inventory: Inventory | None
+    dtype: str
+    batch_size: int
+    seq_len_tokens: int
+    weights: list[WeightPayload] = field(default_factory=list)
+    kv: list[KVPayload] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def param_count(self) -> int | None:
+        return self.inventory.param_count if self.inventory else None
+
+    def kv_formula(self) -> str | None:
+        """The full and retained payload formula with this model's numbers, for one element size."""
+        a = self.architecture
+        if None in (a.num_key_value_heads, a.head_dim, a.layer_types):
+            return None
+        assert a.layer_types is not None
+        b = DTYPES.get(self.dtype, torch.float32).itemsize
+        per = 2 * self.batch_size * a.num_key_value_heads * a.head_dim * b  # type: ignore[operator]
+        n_local = sum(t == "sliding_attention" for t in a.layer_types)
+        n_global = len(a.layer_types) - n_local
+        s, w = self.seq_len_tokens, a.sliding_window or 0
+        full = f"M_full = 2·B·L·S·h_kv·d_h·b = 2·{self.batch_size}·{len(a.layer_types)}·{s}·{a.num_key_value_heads}·{a.head_dim}·{b} = {per * len(a.layer_types) * s:,} B"
+        if not n_local:
+            return full
+        retained = per * (n_global * s + n_local * min(s, w))
+        return (f"{full}\nM_retained = 2·B·h_kv·d_h·b·[L_g·S + L_l·min(S, w)] = {per:,}·[{n_global}·{s} + {n_local}·{min(s, w)}]"
+                f" = {retained:,} B")
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.architecture
+        inv = self.inventory
+        return {
+            "source": self.source, "model_type": a.model_type, "config_class": a.config_class,
+            "evidence": [vars(e) for e in a.evidence], "not_interpreted": a.not_interpreted,
+            "param_count": self.param_count,
+            "params_by_component": inv.params_by_component() if inv else None,
+            "params_source": inv.source if inv else None,
+            "projections": {k: {"in": i, "out": o} for k, (i, o) in inv.projections.items()} if inv else None,
+            "dtype": self.dtype, "batch_size": self.batch_size, "seq_len_tokens": self.seq_len_tokens,
+            "weight_bytes": {w.label: w.bytes for w in self.weights},
+            "weight_formats": [{**vars(w), "bits_per_quantized_weight": w.bits_per_quantized_weight} for w in self.weights],
+            "kv_cache_bytes_full": {k.label: k.bytes_full for k in self.kv},
+            "kv_cache_bytes_retained": {k.label: k.bytes_retained for k in self.kv},
+            "kv_formula": self.kv_formula(),
+            "assumptions": self.assumptions,
+        }
+
+
+def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -> WeightPayload:
+    """Bytes of every tensor under ``fmt``: selected linear weights in its layout, the rest in its unquantized dtype."""
+    keep = fmt.unquantized_dtype(base)
+    total = quantized_params = quantized_bytes = 0
+    for t in inventory.tensors:
+        if t.quantizable:
+            b = fmt.linear_weight_bytes(t.shape[0], t.shape[1], base)
+            quantized_params += t.numel
+            quantized_bytes += b
+            total += b
+        else:
+            total += t.numel * keep.itemsize
+    for _, numel, dtype in inventory.buffers:  # e.g. rotary inverse frequencies, cast with the model
+        total += numel * (keep.itemsize if dtype.is_floating_point else dtype.itemsize)
+    return WeightPayload(fmt.label, total, quantized_params, quantized_bytes, str(keep).removeprefix("torch."))
+
+
+def normalized_config(arch: Architecture, all_global: bool = False) -> Any:
+    """A plain transformers config holding the attention facts, for the KV formats' byte formulas."""
+    from transformers import PretrainedConfig
+
+    types = arch.layer_types or []
+    if all_global:
+        types = ["full_attention"] * len(types)
+    return PretrainedConfig(num_hidden_layers=arch.num_hidden_layers, num_attention_heads=arch.num_attention_heads,
+                            num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
+                            hidden_size=arch.hidden_size, layer_types=types, sliding_window=arch.sliding_window)
+
+
+def kv_payload(arch: Architecture, fmt: KVFormat, batch: int, tokens: int, dtype: torch.dtype) -> KVPayload:
+    if None in (arch.num_hidden_layers, arch.num_key_value_heads, arch.head_dim, arch.layer_types):
+        return KVPayload(fmt.label, None, None, "needs layers, KV heads, head width and the attention pattern")
+    retained = fmt.cache_bytes_analytic(normalized_config(arch), batch, tokens, dtype)
+    full = fmt.cache_bytes_analytic(normalized_config(arch, all_global=True), batch, tokens, dtype)
+    note = "" if retained is not None else "the backend decides its layout: measure it"
+    return KVPayload(fmt.label, full, retained, note)
+
+
+def estimate(
+    source: str, weight_formats: list[WeightFormat], kv_formats: list[KVFormat], seq_len: int | None = None,
+    batch: int = 1, dtype: str | None = None,
+) -> Estimate:
+    """The evidence table and memory worksheet for a config file, model folder or hub id."""
+    raw, where = read_raw_config(source)
+    return estimate_from_raw(raw, where, weight_formats, kv_formats, seq_len, batch, dtype)
+
+
+def estimate_from_raw(
+    raw: dict[str, Any], where: str, weight_formats: list[WeightFormat], kv_formats: list[KVFormat],
+    seq_len: int | None = None, batch: int = 1, dtype: str | None = None,
+) -> Estimate:
+    """As ``estimate``, from the config's fields; ``seq_len`` defaults to the position limit."""
+    arch = read_architecture(raw)
+    if seq_len is None:
+        if arch.max_position_embeddings is None:
+            raise QuantlabError(f"{where}: no position limit to default to; give --seq-len")
+        seq_len = int(arch.max_position_embeddings)
+    assumptions = [f"batch {batch} independent sequences of {seq_len:,} stored positions each, no sharing between "
+                   "sequences, layers or devices",
+                   "payload only: activations, workspace, allocator reserve, CUDA context and alignment are not included",
+                   "weights: every decoder linear layer takes the format; embeddings, norms, biases and the output head "
+                   "stay unquantized (quantize_'s default)"]
+    if dtype is None and arch.dtype is None:
+        dtype = "float32"
+        arch.evidence.append(Evidence("stored dtype", "float32", ASSUMPTION, "the file names no dtype; pass --dtype"))
+    elif dtype is not None:
+        arch.evidence.append(Evidence("dtype used", dtype, ASSUMPTION, "--dtype"))
+    dtype = dtype or arch.dtype or "float32"
+    if dtype not in DTYPES:
+        raise QuantlabError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    inventory = _inventory(raw, arch)
+    if inventory is not None:
+        assumptions += inventory.assumptions
+        if inventory.mlp_kind is not None:
+            after = next((i + 1 for i, e in enumerate(arch.evidence) if e.meaning == "MLP width"), len(arch.evidence))
+            arch.evidence.insert(after, Evidence("MLP kind", *inventory.mlp_kind))
+    if arch.layer_types and any(t == "sliding_attention" for t in arch.layer_types):
+        assumptions.append("retained: an engine that keeps at most the window in each sliding layer and every position "
+                           "in global layers; full: one that allocates every position in every layer and masks")
+    base = DTYPES[dtype]
+    est = Estimate(where, arch, inventory, dtype, batch, seq_len, assumptions=assumptions)
+    if inventory is not None:
+        est.weights = [weight_payload(inventory, f, base) for f in weight_formats]
+    est.kv = [kv_payload(arch, f, batch, seq_len, base) for f in kv_formats]
+    return est
+
+
+def _inventory(raw: dict[str, Any], arch: Architecture) -> Inventory | None:
+    config = config_object(raw)
+    if config is not None:
+        try:
+            return from_implementation(config)
+        except Exception as e:  # noqa: BLE001 - fall back to the formula, saying why
+            arch.not_interpreted.append(f"module tree ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+    inventory = from_formula(arch)
+    if inventory is None:
+        arch.not_interpreted.append("parameter count and weight payload (needs every fact of a Llama-style decoder)")
+    return inventory
+
+
+def estimates_beside_measured(
+    config: Any, weight_format: WeightFormat, kv_format: KVFormat, dtype: str, points: list[tuple[int, int]],
+) -> dict[str, Any]:
+    """What the config alone predicts for one variant: weight bytes, and KV bytes at each (batch, positions)."""
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    est = estimate_from_raw(raw, "config", [weight_format], [], seq_len=1, dtype=dtype)
+    arch = est.architecture
+    compute = weight_format.unquantized_dtype(DTYPES[dtype])  # a cast format changes the cache's dtype too
+    kv = [kv_payload(arch, kv_format, batch, tokens, compute).bytes_retained for batch, tokens in points]
+    return {"weight_bytes_estimate": est.weights[0].bytes if est.weights else None, "kv_cache_bytes_estimate": kv,
+            "estimate_params_source": est.inventory.source if est.inventory else None}

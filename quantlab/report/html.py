@@ -1,0 +1,181 @@
+"""report.html: one self-contained page (inline CSS and SVG, no scripts, no fetches) from the same data as report.md."""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..measure.perplexity import protocol_summary
+from .pareto import pareto_front
+from .plots import context_plot, footprint_bytes, latency_plot, memory_plot, pareto_plot
+from .table import MIB
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}
+th{background:#f4f4f4}td.l,th.l{text-align:left}tr.failed td{background:#fdecea}tr.base td{background:#eef6fb}
+.front{font-weight:600}.note{color:#555;font-size:12.5px}figure{margin:1em 0}figcaption{color:#555;font-size:12.5px}
+.banner{background:#fff4d6;border:1px solid #e5c100;padding:.5em 1em}code{background:#f4f4f4;padding:0 3px}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _f(x: Any, fmt: str) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if fmt == "," and isinstance(x, float) and x.is_integer():
+        x = int(x)  # byte counts read back through a float column
+    return format(x, fmt)
+
+
+def _table(header: list[str], rows: list[tuple[list[str], str]], left: int = 1) -> str:
+    """``rows``: (cells, css class). Cells are already escaped; the first ``left`` columns align left."""
+    th = "".join(f'<th class="l">{h}</th>' if i < left else f"<th>{h}</th>" for i, h in enumerate(header))
+    body = []
+    for cells, cls in rows:
+        tds = "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>" for i, c in enumerate(cells))
+        body.append(f'<tr class="{cls}">{tds}</tr>')
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _figure(svg: str | None, ident: str, caption: str) -> str:
+    if svg is None:
+        return ""
+    return f'<figure id="{ident}">{svg}<figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def _summary(frame: pd.DataFrame, baseline: str, front: dict[str, bool]) -> str:
+    rows = []
+    for _, r in frame.iterrows():
+        get = r.get
+        label = _e(r["variant"])
+        if get("status") != "ok":
+            rows.append(([label, "failed", f'<span class="l">{_e(get("error"))}</span>'] + [""] * 9, "failed"))
+            continue
+        cls = "base" if r["variant"] == baseline else ""
+        name = f'<span class="front">{label} ◆</span>' if front.get(r["variant"]) else label
+        rows.append(([
+            name, "ok", _f(get("weight_bytes", math.nan) / MIB, ".3f"), _f(get("weight_bytes_ratio"), ".3f"),
+            _f(get("peak_memory_bytes", math.nan) / MIB, ".1f"), _f(get("peak_memory_ratio"), ".3f"),
+            _f(get("tokens_per_s"), ".1f"), _f(get("tokens_per_s_ratio"), ".2f"), _f(get("roofline_share"), ".1%"),
+            _f(get("perplexity"), ".3f"), _f(get("perplexity_delta"), "+.3f"), _e(get("kernel_path") or "—"),
+        ], cls))
+    header = ["variant", "status", "weights MiB", "× base", "peak MiB", "× base", "tokens/s", "× base", "roofline",
+              "perplexity", "Δ base", "kernel path"]
+    return _table(header, rows)
+
+
+def _memory_table(frame: pd.DataFrame) -> str:
+    rows = []
+    for _, r in frame[frame["status"] == "ok"].iterrows():
+        get = r.get
+
+        def gap(measured: Any, predicted: Any) -> str:
+            if predicted is None or (isinstance(predicted, float) and math.isnan(predicted)) or measured is None:
+                return "—"
+            return f"{int(measured) - int(predicted):+,}"
+
+        rows.append(([
+            _e(r["variant"]), _f(get("weight_bytes"), ","), _f(get("weight_bytes_analytic"), ","),
+            gap(get("weight_bytes"), get("weight_bytes_analytic")), _f(get("weight_bytes_estimate"), ","),
+            gap(get("weight_bytes"), get("weight_bytes_estimate")), _f(get("kv_cache_bytes"), ","),
+            _f(get("kv_cache_bytes_analytic"), ","), gap(get("kv_cache_bytes"), get("kv_cache_bytes_analytic")),
+            _f(get("peak_memory_bytes"), ","),
+        ], ""))
+    header = ["variant", "weights B measured", "analytic", "gap", "config estimate", "gap", "KV B measured", "analytic",
+              "gap", "peak B"]
+    return _table(header, rows)
+
+
+def _points(rows: list[dict[str, Any]]) -> str:
+    if not any(len(r.get("decode_points") or []) > 1 for r in rows):
+        return ""
+    out = []
+    for r in rows:
+        for p in r.get("decode_points") or []:
+            out.append(([_e(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), _f(p.get("prefill_ms"), ".2f"),
+                         f"{_f(p.get('decode_ms_per_token'), '.2f')} ({_f(p.get('decode_ms_p10'), '.2f')}–{_f(p.get('decode_ms_p90'), '.2f')})",
+                         _f(p.get("tokens_per_s"), ".1f"), _f(p.get("kv_cache_bytes"), ","),
+                         _f(p.get("kv_cache_bytes_analytic"), ","), _f(p.get("roofline_share"), ".1%")], ""))
+    header = ["variant", "batch", "prompt tokens", "prefill ms", "decode ms/token (p10–p90)", "tokens/s", "KV B",
+              "KV analytic B", "roofline"]
+    return "<h2>Decode by batch size and context length</h2>" + _table(header, out)
+
+
+def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
+    ok = next((r for r in rows if r.get("status") == "ok"), rows[0] if rows else {})
+    env = ok.get("environment") or manifest.get("environment", {})
+    recipe = manifest.get("recipe", {})
+    w = recipe.get("workload", {})
+    items: list[tuple[list[str], str]] = []
+    for e in manifest.get("model_evidence") or []:
+        items.append(([_e(e["meaning"]), _e(e["value"]), _e(e["kind"]), _e(e["source"])], ""))
+    proto = ok.get("perplexity_protocol") or {}
+    kernels = sorted({r.get("kernel_path") for r in rows if r.get("kernel_path")})
+    measured = [
+        ("weight bytes", "measured", "bytes of every parameter and buffer after quantization, tied tensors once; "
+         "analytic from each format's formula; config estimate from the config alone"),
+        ("KV-cache bytes", "measured", f"the cache's tensors after the timed generation ({ok.get('kv_cache_tokens', '—')} positions)"),
+        ("peak memory", "measured", ok.get("peak_memory_method", "—")),
+        ("decode latency", "measured", f"engine {ok.get('engine', '—')} {ok.get('engine_options') or ''}; "
+         f"{w.get('warmup_runs')} warm-up generation(s), {w.get('new_tokens')} steps, device synchronized per step"),
+        ("roofline share", "measured + derived", f"bytes read per step ÷ copy bandwidth "
+         f"{_f(manifest.get('memory_bandwidth_bytes_per_s', math.nan) / 1e9, '.1f')} GB/s "
+         f"({manifest.get('memory_bandwidth_method', 'not measured')}) ÷ step time"),
+        ("perplexity", "measured", protocol_summary(proto) if proto else "—"),
+        ("kernel paths", "implementation", ", ".join(kernels) or "—"),
+        ("device", "environment", ok.get("device", "—")),
+        ("software", "environment", f"Python {env.get('python')}, torch {env.get('torch')}, transformers "
+         f"{env.get('transformers')}, quantlab commit {env.get('quantlab_commit') or 'unknown'}"),
+    ]
+    for name, kind, how in measured:
+        items.append(([_e(name), "", _e(kind), _e(how)], ""))
+    return _table(["figure", "value", "source", "where / how"], items, left=4)
+
+
+def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
+    """The whole report page."""
+    recipe = manifest.get("recipe", {})
+    baseline = manifest.get("baseline", "")
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    front = dict(zip(ok["variant"], pareto_front(list(footprint_bytes(ok)), list(ok.get("perplexity", pd.Series(
+        [math.nan] * len(ok), index=ok.index)).astype(float)))))
+    on_front = [v for v, f in front.items() if f]
+    first = next((r for r in rows if r.get("status") == "ok"), {})
+    title = f"quantlab report: {recipe.get('name', first.get('recipe', '?'))}"
+    parts = [
+        f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f"<p>{_e(recipe['description'])}</p>" if recipe.get("description") else "",
+        f"<p>Model <b>{_e(first.get('model', '?'))}</b> on <b>{_e(first.get('device', '?'))}</b>; baseline "
+        f"<b>{_e(baseline)}</b>; {len(rows)} variants.</p>",
+        "" if manifest.get("complete", True) else
+        '<p class="banner">Incomplete run: some variants have not been measured yet; run the same command to resume.</p>',
+        "<h2>Summary</h2>", _summary(frame, baseline, front),
+        '<p class="note">× base: ratio to the baseline row. ◆: on the Pareto front of perplexity against weights + KV '
+        "bytes. Failed variants keep their error.</p>",
+        "<h2>Perplexity against bytes</h2>",
+        _figure(pareto_plot(frame, baseline), "plot-pareto",
+                "Pareto front (ringed): " + (", ".join(on_front) or "no variant with both figures")),
+        "<h2>Decode latency</h2>",
+        _figure(latency_plot(rows), "plot-latency", "Per-token decode time at each variant's first point."),
+        _figure(context_plot(rows), "plot-context", "Median decode time per token as the context grows."),
+        "<h2>Memory</h2>",
+        _figure(memory_plot(frame), "plot-memory", "Weights and KV cache as measured, with the analytic figures marked (|, black: weights; orange: weights + KV); "
+                "right: the peak of the generation split into weights, KV cache and the rest."),
+        _memory_table(frame),
+        _points(rows),
+        "<h2>Evidence</h2>",
+        '<p class="note">Which figures the model\'s config file states, which the implementation decides, which are '
+        "assumed and which were measured, on what.</p>",
+        _evidence(rows, manifest),
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"

@@ -1,0 +1,140 @@
+"""Report plots as inline SVG (matplotlib, no files, no network): the same input gives the same bytes."""
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .pareto import pareto_front  # noqa: E402
+from .table import MIB  # noqa: E402
+
+_MPL = tuple(int(p) for p in matplotlib.__version__.split(".")[:2])
+STYLE = {"svg.hashsalt": "quantlab", "svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
+         "axes.spines.right": False}
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "quantlab"})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _ok(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "ok"] if "status" in frame else frame
+
+
+def _col(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name] if name in frame else pd.Series([math.nan] * len(frame), index=frame.index)
+
+
+def footprint_bytes(frame: pd.DataFrame) -> pd.Series:
+    """Weights + KV cache at the first decode point: the bytes a deployment holds for the model."""
+    return _col(frame, "weight_bytes").astype(float) + _col(frame, "kv_cache_bytes").fillna(0).astype(float)
+
+
+def pareto_plot(frame: pd.DataFrame, baseline: str) -> str | None:
+    """Perplexity against weight + KV bytes, the Pareto front joined and ringed."""
+    ok = _ok(frame)
+    if "perplexity" not in ok or ok["perplexity"].isna().all():
+        return None
+    with plt.rc_context(STYLE):
+        x, y = footprint_bytes(ok) / MIB, ok["perplexity"].astype(float)
+        front = pareto_front(list(x), list(y))
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        ax.scatter(x, y, color="#8a8a8a", zorder=2, label="variant")
+        fx = [(a, b) for a, b, f in zip(x, y, front) if f]
+        if fx:
+            fx.sort()
+            ax.plot([a for a, _ in fx], [b for _, b in fx], color="#c0392b", lw=1.2, zorder=1)
+            ax.scatter([a for a, _ in fx], [b for _, b in fx], s=70, facecolors="none", edgecolors="#c0392b",
+                       zorder=3, label="Pareto front")
+        for label, a, b in zip(ok["variant"], x, y):
+            ax.annotate(label + (" (baseline)" if label == baseline else ""), (a, b), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set_xlabel("weights + KV cache, MiB (measured)")
+        ax.set_ylabel("perplexity")
+        ax.legend(frameon=False, fontsize=8)
+        return _svg(fig)
+
+
+def latency_plot(rows: list[dict[str, Any]]) -> str | None:
+    """Per-token decode times at each variant's first point: box of the steps (p10–p90 bar if none kept)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("decode_ms_per_token") is not None]
+    if not ok:
+        return None
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(ok) + 1.2))
+        labels = [r["variant"] for r in ok]
+        samples = [r.get("decode_ms_samples") for r in ok]
+        if all(samples):
+            horizontal = {"orientation": "horizontal"} if _MPL >= (3, 10) else {"vert": False}
+            ax.boxplot(samples, whis=(10, 90), showfliers=True, widths=0.6, flierprops={"markersize": 2},
+                       medianprops={"color": "#c0392b"}, **horizontal)
+            ax.set_yticks(range(1, len(ok) + 1), labels)
+            ax.set_xlabel("decode ms per token (box: p25–p75, whiskers p10–p90, every timed step)")
+        else:
+            med = [r["decode_ms_per_token"] for r in ok]
+            lo = [m - r.get("decode_ms_p10", m) for m, r in zip(med, ok)]
+            hi = [r.get("decode_ms_p90", m) - m for m, r in zip(med, ok)]
+            ax.errorbar(med, range(len(ok)), xerr=[lo, hi], fmt="o", color="#c0392b", capsize=3)
+            ax.set_yticks(range(len(ok)), labels)
+            ax.set_xlabel("decode ms per token (median, bar p10–p90; steps not kept)")
+        ax.invert_yaxis()
+        return _svg(fig)
+
+
+def context_plot(rows: list[dict[str, Any]]) -> str | None:
+    """Median decode ms/token against prompt length, per variant, at the first batch size."""
+    ok = [r for r in rows if r.get("status") == "ok" and len({p["prompt_tokens"] for p in r.get("decode_points") or []}) > 1]
+    if not ok:
+        return None
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        for r in ok:
+            batch = r["decode_points"][0]["batch_size"]
+            pts = sorted((p["prompt_tokens"], p["decode_ms_per_token"]) for p in r["decode_points"] if p["batch_size"] == batch)
+            ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", ms=3, label=f"{r['variant']} (batch {batch})")
+        ax.set_xlabel("prompt tokens (context before decoding)")
+        ax.set_ylabel("decode ms per token (median)")
+        ax.legend(frameon=False, fontsize=7)
+        return _svg(fig)
+
+
+def memory_plot(frame: pd.DataFrame) -> str | None:
+    """Left: weights and KV cache (measured, stacked) with the analytic figures marked. Right: the peak split into
+    weights / KV cache / other (peak − both: activations, workspace and, on CPU, the runtime itself)."""
+    ok = _ok(frame)
+    if ok.empty or "weight_bytes" not in ok:
+        return None
+    with plt.rc_context(STYLE):
+        w = ok["weight_bytes"].astype(float) / MIB
+        kv = _col(ok, "kv_cache_bytes").fillna(0).astype(float) / MIB
+        peak = _col(ok, "peak_memory_bytes").astype(float) / MIB
+        other = (peak - w - kv).clip(lower=0).fillna(0)
+        ys = list(range(len(ok)))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 0.42 * len(ok) + 1.4), sharey=True,
+                                          gridspec_kw={"width_ratios": [3, 2]})
+        left.barh(ys, w, color="#2c7fb8", label="weights")
+        left.barh(ys, kv, left=w, color="#7fcdbb", label="KV cache")
+        left.scatter(_col(ok, "weight_bytes_analytic").astype(float) / MIB, ys, marker="|", s=220, color="black",
+                     zorder=3, label="weights, analytic")
+        kv_analytic = _col(ok, "kv_cache_bytes_analytic").astype(float) / MIB
+        left.scatter(w + kv_analytic, ys, marker="|", s=220, color="#d95f0e", zorder=3, label="+ KV, analytic")
+        left.set_xlabel("MiB held by the model and its cache")
+        left.legend(frameon=False, fontsize=7, loc="lower right")
+        right.barh(ys, w, color="#2c7fb8")
+        right.barh(ys, kv, left=w, color="#7fcdbb")
+        right.barh(ys, other, left=w + kv, color="#dddddd", label="other (peak − weights − KV)")
+        right.set_xlabel("peak MiB of the generation")
+        right.legend(frameon=False, fontsize=7, loc="lower right")
+        left.set_yticks(ys, list(ok["variant"]))
+        left.invert_yaxis()
+        return _svg(fig)

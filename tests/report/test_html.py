@@ -1,0 +1,60 @@
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from quantlab.report import write_report
+
+
+def test_html_holds_every_variant_every_plot_and_the_evidence(hand_run: Path) -> None:
+    write_report(hand_run)
+    page = (hand_run / "report.html").read_text()
+    for variant in ("fp32", "bf16", "int8", "int4", "int4-slow", "int2"):
+        assert f">{variant}<" in page or f">{variant} ◆<" in page
+    for plot in ("plot-pareto", "plot-latency", "plot-context", "plot-memory"):
+        figure = re.search(rf'<figure id="{plot}"><svg.*?</svg>', page, re.S)
+        assert figure, plot
+    assert "UnsupportedError: no kernel for 2 bits" in page and 'class="failed"' in page
+    assert "num_hidden_layers" in page and "windows: window 64" in page
+    # Self-contained: no scripts, no stylesheets or images fetched from anywhere.
+    assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
+
+
+def test_the_pareto_front_is_marked_in_table_and_caption(hand_run: Path) -> None:
+    write_report(hand_run)
+    page = (hand_run / "report.html").read_text()
+    caption = re.search(r'<figure id="plot-pareto">.*?<figcaption>(.*?)</figcaption>', page, re.S).group(1)
+    # weights + KV bytes against perplexity: int4-slow (bigger and worse than int4) and fp32 (bigger than bf16,
+    # equal perplexity) are dominated.
+    assert caption == "Pareto front (ringed): bf16, int8, int4"
+    assert "int4-slow ◆" not in page and "int4 ◆" in page
+
+
+def test_csv_and_parquet_have_one_row_per_variant_and_point(hand_run: Path) -> None:
+    import pandas as pd
+
+    write_report(hand_run)
+    csv = pd.read_csv(hand_run / "results.csv")
+    parquet = pd.read_parquet(hand_run / "results.parquet")
+    assert len(csv) == len(parquet) == 5 * 2 + 1  # five measured variants x two points + the failed one
+    assert list(csv.columns) == list(parquet.columns)
+    assert "weight_bytes_ratio" in csv and "decode_ms_samples" not in csv
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_the_page_renders_in_a_headless_browser(hand_run: Path, tmp_path: Path) -> None:
+    write_report(hand_run)
+    url = (hand_run / "report.html").resolve().as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0
+    assert dom.stdout.count("<svg") == 4 and "int4-slow" in dom.stdout
+    shot = tmp_path / "page.png"
+    subprocess.run(["chromium", *flags, "--window-size=1200,3000", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=True)
+    from matplotlib.image import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[0] == 3000 and pixels.std() > 0.05  # a rendered page, not a blank one
