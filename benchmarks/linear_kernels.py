@@ -19,7 +19,7 @@ from quantlab import UnsupportedError, quantize_tensor
 from quantlab.measure.device import resolve_device, synchronize
 from quantlab.quant.kernels import KERNELS, choose_kernel
 
-CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int2-g64", 2, 64)]
+CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int3-g128", 3, 128), ("int2-g64", 2, 64)]
 
 
 def median_us(fn, device: torch.device, repeats: int) -> float:  # type: ignore[no-untyped-def]

@@ -51,15 +51,18 @@ def unpack(packed: torch.Tensor, bits: int, n_values: int) -> torch.Tensor:
         shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
         codes = (packed.unsqueeze(-1) >> shifts) & max_code(bits)
         return codes.reshape(*packed.shape[:-1], -1)[..., :n_values]
+    # Odd widths: bytes come in words of pack_multiple codes; code j of every word lies at the same bit
+    # offset, within one byte or across two. One strided shift-and-mask per code position, in int16.
     *lead, nbytes = packed.shape
     m = pack_multiple(bits)
     per_word = m * bits // 8
-    b = packed.to(torch.int64).reshape(*lead, nbytes // per_word, per_word)
-    byte_shifts = torch.arange(per_word, device=packed.device, dtype=torch.int64) * 8
-    words = (b << byte_shifts).sum(dim=-1, keepdim=True)
-    shifts = torch.arange(m, device=packed.device, dtype=torch.int64) * bits
-    codes = (words >> shifts) & max_code(bits)
-    return codes.reshape(*lead, -1)[..., :n_values].to(torch.uint8)
+    b = packed.reshape(*lead, nbytes // per_word, per_word).to(torch.int16)
+    parts = []
+    for j in range(m):
+        i, offset = divmod(j * bits, 8)
+        word = b[..., i] if offset + bits <= 8 else b[..., i] | (b[..., i + 1] << 8)
+        parts.append((word >> offset) & max_code(bits))
+    return torch.stack(parts, dim=-1).reshape(*lead, -1)[..., :n_values].to(torch.uint8)
 
 
 def check_finite(x: torch.Tensor) -> None:
