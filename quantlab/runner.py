@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ def _now() -> str:
 
 def _base_row(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     return {
-        "device": describe_device(resolve_device(recipe.device)), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
+        "host": platform.node(), "device": describe_device(resolve_device(recipe.device)), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
         "model": recipe.model.label, "weight_format": variant.weight.label, "kv_format": variant.kv.label,
         "batch_size": recipe.workload.points()[0][0], "prompt_tokens": recipe.workload.points()[0][1],
         "new_tokens": recipe.workload.new_tokens,
@@ -203,6 +204,12 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         del store.rows[k]
     if stale:
         log(f"dropping {len(stale)} result rows of a different recipe from {out_dir}")
+    here = (platform.node(), describe_device(resolve_device(recipe.device)))
+    elsewhere = [k for k, r in store.rows.items() if (r.get("host"), r.get("device")) != here]
+    for k in elsewhere:  # resume reuses this machine's rows only (e.g. not an example report from the repository)
+        del store.rows[k]
+    if elsewhere:
+        log(f"{len(elsewhere)} result rows in {out_dir} were measured on another machine: measuring them here")
     bandwidth = copy_bandwidth_bytes_per_s(resolve_device(recipe.device))
     log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
     manifest = {

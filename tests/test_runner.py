@@ -102,6 +102,20 @@ def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: P
     assert sum("already measured" in m for m in logs) == 2
 
 
+def test_rows_measured_on_another_machine_are_measured_again(small_model_dir: Path, tmp_path: Path) -> None:
+    # An example report committed to a repository must not pass for the user's own measurement.
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = read_jsonl(out / "results.jsonl")
+    rows[0]["host"] = "another-machine"
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    logs: list[str] = []
+    run_recipe(recipe, out, log=logs.append)
+    assert any("1 result rows" in m and "another machine" in m for m in logs)
+    assert sum("already measured" in m for m in logs) == 1
+    assert {r["host"] for r in read_jsonl(out / "results.jsonl")} == {rows[1]["host"]}
+
+
 def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe({
         "name": "synthetic", "model": {"config": str(small_model_dir / "config.json"), "synthetic": True},

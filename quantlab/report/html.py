@@ -130,6 +130,10 @@ def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
          f"({manifest.get('memory_bandwidth_method', 'not measured')}) ÷ step time"),
         ("perplexity", "measured", protocol_summary(proto) if proto else "—"),
         ("kernel paths", "implementation", ", ".join(kernels) or "—"),
+        ("roofline bytes", "assumption", "a decode step reads every weight it multiplies once (embedding tables: one "
+         "row) and the whole KV cache at the mean decode length; caches and reuse are ignored"),
+        ("peak memory scope", "assumption", "on CPU the process's resident peak, so it includes the Python runtime and "
+         "libraries; on CUDA the allocator's peak, the CUDA context excluded"),
         ("device", "environment", ok.get("device", "—")),
         ("software", "environment", f"Python {env.get('python')}, torch {env.get('torch')}, transformers "
          f"{env.get('transformers')}, quantlab commit {env.get('quantlab_commit') or 'unknown'}"),

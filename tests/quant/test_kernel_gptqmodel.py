@@ -106,3 +106,13 @@ def test_a_recipe_format_can_select_the_gptqmodel_kernel() -> None:
     quantize_(model, RTNFormat(bits=8, group_size=64, kernel="gptqmodel"), include=["*"])
     assert {layer.kernel_path.split(":")[0] for layer in model.modules() if isinstance(layer, QuantizedLinear)} == {"gptqmodel"}
     assert _rel(model(x), reference) < 3e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_gptqmodel_kernel_on_cuda_agrees_with_the_reference(symmetric: bool) -> None:
+    dev = torch.device("cuda")
+    q = quantize_tensor(_weight(256, 1024).to(dev), 4, 128, symmetric=symmetric)
+    kernel = choose_kernel(q, dev, torch.float16, ["gptqmodel"])
+    x = _x(1024, dtype=torch.float16).to(dev)
+    assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
