@@ -42,19 +42,29 @@ def load_runs(dirs: list[Path]) -> pd.DataFrame:
         frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("decode_points", "decode_ms_samples")} for r in rows])
         frame.insert(0, "run", name)
         frame.insert(1, "run_dir", str(d))
+        frame.insert(2, "align", [_alignment_key(r) for r in rows])
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
+def _alignment_key(row: dict[str, Any]) -> str:
+    """The full label, weight format and KV format: a run with one KV format labels its variants by the weight
+    format alone (``int8``), another with several as ``int8/kv-native``; both mean the same variant."""
+    if row.get("weight_format") and row.get("kv_format"):
+        return f"{row['weight_format']}/kv-{row['kv_format']}"
+    return str(row["variant"])
+
+
 def aligned(runs: pd.DataFrame) -> pd.DataFrame:
-    """Variants (rows, in order of first appearance) x run figures (columns ``<figure>@<run>``), with
+    """Variants (rows, in order of first appearance, matched on weight and KV format) x run figures (columns ``<figure>@<run>``), with
     ``<figure>_vs_first@<run>`` against the first run; a variant missing from a run is NaN there."""
-    order = list(dict.fromkeys(runs["variant"]))
+    order = list(dict.fromkeys(runs["align"]))
+    shortest = {k: min(runs.loc[runs["align"] == k, "variant"], key=len) for k in order}
     run_names = list(dict.fromkeys(runs["run"]))
-    out = pd.DataFrame({"variant": order})
+    out = pd.DataFrame({"variant": [shortest[k] for k in order]})
     first = run_names[0]
     for run in run_names:
-        part = runs[(runs["run"] == run)].set_index("variant")
+        part = runs[(runs["run"] == run)].set_index("align")
         ok = part["status"] == "ok" if "status" in part else pd.Series(True, index=part.index)
         out[f"status@{run}"] = [part["status"][v] if v in part.index else "absent" for v in order]
         for col, _, _, how in FIGURES:

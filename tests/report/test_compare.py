@@ -29,6 +29,16 @@ def test_variants_are_aligned_by_label_with_ratios_to_the_first_run(tmp_path: Pa
     assert int8[f"status@{second}"] == "absent" and math.isnan(int8[f"tokens_per_s@{second}"])
 
 
+def test_a_label_without_its_kv_format_aligns_with_the_full_label(tmp_path: Path) -> None:
+    one_kv = make_row("int8", 5.8, 58.54, 2.9, weight_format="int8", kv_format="native")
+    several = make_row("int8/kv-native", 5.8, 58.54, 2.5, weight_format="int8", kv_format="native")
+    other = make_row("int8/kv-int4", 5.8, 58.60, 2.7, weight_format="int8", kv_format="int4")
+    dirs = [write_run(tmp_path / "a", "one", [one_kv]), write_run(tmp_path / "b", "two", [several, other])]
+    table = aligned(load_runs(dirs))
+    assert list(table["variant"]) == ["int8", "int8/kv-int4"]
+    assert table["tokens_per_s_vs_first@two @ cpu (2 threads)"][0] == pytest.approx(2.9 / 2.5)
+
+
 def test_compare_command_writes_markdown_html_and_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dirs = _two_runs(tmp_path)
     assert main(["compare", *map(str, dirs), "--out", str(tmp_path / "cmp")]) == 0
