@@ -176,7 +176,11 @@ def estimate_from_raw(
     base = DTYPES[dtype]
     est = Estimate(where, arch, inventory, dtype, batch, seq_len, assumptions=assumptions)
     if inventory is not None:
-        est.weights = [weight_payload(inventory, f, base) for f in weight_formats]
+        for f in weight_formats:
+            try:
+                est.weights.append(weight_payload(inventory, f, base))
+            except NotImplementedError:
+                arch.not_interpreted.append(f"weight payload of {f.label} (the format gives no byte formula)")
     est.kv = [kv_payload(arch, f, batch, seq_len, base) for f in kv_formats]
     return est
 

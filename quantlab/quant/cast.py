@@ -21,6 +21,9 @@ class CastFormat(WeightFormat):
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
+        return out_features * in_features * DTYPES[self.dtype].itemsize
+
 
 WEIGHT_FORMATS.add("fp32", CastFormat, "float32 weights and activations", dtype="float32")
 WEIGHT_FORMATS.add("bf16", CastFormat, "bfloat16 weights and activations", dtype="bfloat16")

@@ -48,8 +48,9 @@ class WeightFormat(BaseModel):
         return base
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
-        """Bytes a selected linear weight ``[out, in]`` takes in this format's layout, from its shape alone."""
-        return out_features * in_features * self.unquantized_dtype(base).itemsize
+        """Bytes a selected linear weight ``[out, in]`` takes in this format's layout, from its shape alone
+        (used by ``quantlab estimate``; a format without a formula is reported as not estimated)."""
+        raise NotImplementedError
 
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module | None:
         """A replacement for a selected linear module, or None to leave it as it is."""

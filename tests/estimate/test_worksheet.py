@@ -100,3 +100,16 @@ def test_mlp_kind_is_read_off_the_implementations_modules() -> None:
     assert kinds["gpt2.json"] == ("not gated (c_fc, c_proj)", "implementation")
     assert kinds["gemma-3-1b.json"] == ("gated (gate_proj, up_proj, down_proj)", "implementation")
     assert kinds["phi-3-mini-4k.json"] == ("gated (gate_up_proj, down_proj)", "implementation")  # fused gate and up
+
+
+def test_a_format_without_a_byte_formula_is_reported_not_guessed() -> None:
+    from quantlab.quant.format import WeightFormat
+
+    class NoFormula(WeightFormat):
+        @property
+        def label(self) -> str:
+            return "mystery-format"
+
+    est = estimate(str(CONFIGS / "gpt2.json"), [NoFormula(), BF16], [], seq_len=1)
+    assert [w.label for w in est.weights] == ["bf16"]
+    assert any("mystery-format" in x for x in est.architecture.not_interpreted)
