@@ -108,6 +108,18 @@ def _points(rows: list[dict[str, Any]]) -> str:
     return "<h2>Decode by batch size and context length</h2>" + _table(header, out)
 
 
+def _tasks(frame: pd.DataFrame, baseline: str) -> str:
+    from .table import task_rows
+
+    cols, rows = task_rows(frame, baseline)
+    if not cols:
+        return ""
+    header = ["variant"] + [h for c in cols for h in (_e(c.removeprefix("lm_eval_")), "Δ base")]
+    body = [([_e(v)] + [x for val, d in zip(values, deltas) for x in (_f(val, ".4f"), _f(d, "+.4f"))], "")
+            for v, values, deltas in rows]
+    return "<h2>lm-eval tasks</h2>" + _table(header, body)
+
+
 def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     ok = next((r for r in rows if r.get("status") == "ok"), rows[0] if rows else {})
     env = ok.get("environment") or manifest.get("environment", {})
@@ -129,6 +141,8 @@ def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
          f"{_f(manifest.get('memory_bandwidth_bytes_per_s', math.nan) / 1e9, '.1f')} GB/s "
          f"({manifest.get('memory_bandwidth_method', 'not measured')}) ÷ step time"),
         ("perplexity", "measured", protocol_summary(proto) if proto else "—"),
+        *[("lm-eval task", "measured", f"{t.get('task')}: {t.get('num_fewshot') or 0}-shot, limit {t.get('limit')}, "
+           f"{t.get('samples')} samples, lm-eval {t.get('lm_eval_version')}") for t in ok.get("lm_eval_tasks") or []],
         ("kernel paths", "implementation", ", ".join(kernels) or "—"),
         ("roofline bytes", "assumption", "a decode step reads every weight it multiplies once (embedding tables: one "
          "row) and the whole KV cache at the mean decode length; caches and reuse are ignored"),
@@ -176,6 +190,7 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
                 "right: the peak of the generation split into weights, KV cache and the rest."),
         _memory_table(frame),
         _points(rows),
+        _tasks(frame, baseline),
         "<h2>Evidence</h2>",
         '<p class="note">Which figures the model\'s config file states, which the implementation decides, which are '
         "assumed and which were measured, on what.</p>",

@@ -61,6 +61,21 @@ def _points_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _tasks_table(frame: pd.DataFrame, baseline: str) -> list[str]:
+    from .table import task_rows
+
+    cols, rows = task_rows(frame, baseline)
+    if not cols:
+        return []
+    names = [c.removeprefix("lm_eval_") for c in cols]
+    lines = ["", "## lm-eval tasks", "", "| variant | " + " | ".join(f"{n} | Δ base" for n in names) + " |",
+             "|---|" + "---|---|" * len(names)]
+    for variant, values, deltas in rows:
+        cells = " | ".join(f"{_num(v, '.4f')} | {_num(d, '+.4f')}" for v, d in zip(values, deltas))
+        lines.append(f"| {variant} | {cells} |")
+    return lines
+
+
 def _pareto_line(frame: pd.DataFrame) -> list[str]:
     from .pareto import pareto_front
     from .plots import footprint_bytes
@@ -91,6 +106,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         "",
         *_table(frame),
         *_pareto_line(frame),
+        *_tasks_table(frame, manifest.get("baseline", "")),
         *_points_table(rows),
         "",
         "## How these figures were obtained",

@@ -39,3 +39,22 @@ def comparison(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     if "perplexity" in out:
         out["perplexity_delta"] = out["perplexity"] - base["perplexity"].iloc[0] if len(base) else float("nan")
     return out
+
+
+def task_columns(frame: pd.DataFrame) -> list[str]:
+    """Metric columns of lm-eval tasks (``lm_eval_<task>_<metric>``), numeric ones only."""
+    return [c for c in frame.columns if c.startswith("lm_eval_") and not c.startswith("lm_eval_tasks")
+            and pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def task_rows(frame: pd.DataFrame, baseline: str) -> tuple[list[str], list[tuple[str, list[float], list[float]]]]:
+    """(metric columns, [(variant, values, deltas to the baseline)]) for the measured variants."""
+    cols = task_columns(frame)
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    base = ok[ok["variant"] == baseline]
+    out = []
+    for _, r in ok.iterrows():
+        values = [float(r[c]) for c in cols]
+        deltas = [float(r[c]) - float(base[c].iloc[0]) if len(base) else float("nan") for c in cols]
+        out.append((r["variant"], values, deltas))
+    return cols, out

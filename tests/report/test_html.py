@@ -58,3 +58,16 @@ def test_the_page_renders_in_a_headless_browser(hand_run: Path, tmp_path: Path) 
 
     pixels = imread(shot)
     assert pixels.shape[0] == 3000 and pixels.std() > 0.05  # a rendered page, not a blank one
+
+
+def test_lm_eval_task_metrics_appear_with_deltas_in_both_reports(tmp_path: Path) -> None:
+    from .conftest import make_row, write_run
+
+    task = [{"task": "stdlib_continuation", "num_fewshot": 0, "limit": 40, "samples": 40, "lm_eval_version": "0.4.13"}]
+    rows = [make_row("fp32", 19.0, 58.5, 4.0, lm_eval_stdlib_continuation_acc=0.494, lm_eval_tasks=task),
+            make_row("int2", 2.0, 66.0, 2.0, lm_eval_stdlib_continuation_acc=0.443, lm_eval_tasks=task)]
+    run = write_run(tmp_path / "run", "tasks", rows)
+    md = write_report(run).read_text()
+    assert "## lm-eval tasks" in md and "| int2 | 0.4430 | -0.0510 |" in md
+    page = (run / "report.html").read_text()
+    assert "<h2>lm-eval tasks</h2>" in page and "-0.0510" in page and "40 samples, lm-eval 0.4.13" in page
