@@ -56,9 +56,11 @@ def pareto_plot(frame: pd.DataFrame, baseline: str) -> str | None:
             ax.plot([a for a, _ in fx], [b for _, b in fx], color="#c0392b", lw=1.2, zorder=1)
             ax.scatter([a for a, _ in fx], [b for _, b in fx], s=70, facecolors="none", edgecolors="#c0392b",
                        zorder=3, label="Pareto front")
+        at: dict[tuple[float, float], list[str]] = {}  # variants at the same point share one label
         for label, a, b in zip(ok["variant"], x, y):
-            ax.annotate(label + (" (baseline)" if label == baseline else ""), (a, b), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
+            at.setdefault((round(a, 3), round(b, 3)), []).append(label + (" (baseline)" if label == baseline else ""))
+        for (a, b), labels in at.items():
+            ax.annotate(", ".join(labels), (a, b), fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_xlabel("weights + KV cache, MiB (measured)")
         ax.set_ylabel("perplexity")
         ax.legend(frameon=False, fontsize=8)
