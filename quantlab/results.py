@@ -5,7 +5,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -18,25 +18,31 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def publish(tmp: str | Path, path: Path) -> None:
-    """Move a finished temporary file into place with ordinary permissions."""
-    os.chmod(tmp, _umask_mode())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then move it into place with ordinary
+    permissions (mkstemp's own are 0600): readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        publish(tmp, path)
+        write(Path(tmp))
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, synced to disk before it replaces the old file."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    atomic_write(path, write)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

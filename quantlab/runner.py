@@ -17,6 +17,7 @@ import torch
 from .data import Text, calibration_samples, load_text
 from .environment import environment
 from .errors import QuantlabError
+from .estimate import Estimate, estimate_from_raw, read_raw_config
 from .kv import KVFormat
 from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
 from .measure.device import describe_device, resolve_device
@@ -24,12 +25,11 @@ from .measure.latency import measure_decode
 from .measure.lm_eval_protocol import lm_eval_perplexity, lm_eval_tasks
 from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
 from .measure.perplexity import cache_perplexity, perplexity, tokenize
-from .estimate.worksheet import estimates_beside_measured
 from .models import LoadedModel, load_config, load_model, model_dtype_name, model_location
+from .progress import progress
 from .quant import quantize_
 from .quant.format import Calibration
 from .recipe import PerplexityEval, Recipe, Variant, validate_recipe
-from .progress import progress
 from .results import MANIFEST_FILE, ResultStore, atomic_write_text
 
 Log = Callable[[str], None]
@@ -43,9 +43,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _machine(recipe: Recipe) -> dict[str, str]:
+    """What a result row was measured on; resume reuses only rows of the same machine."""
+    return {"host": platform.node(), "device": describe_device(resolve_device(recipe.device))}
+
+
 def _base_row(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     return {
-        "host": platform.node(), "device": describe_device(resolve_device(recipe.device)), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
+        **_machine(recipe), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
         "model": recipe.model.label, "weight_format": variant.weight.label, "kv_format": variant.kv.label,
         "batch_size": recipe.workload.points()[0][0], "prompt_tokens": recipe.workload.points()[0][1],
         "new_tokens": recipe.workload.new_tokens,
@@ -152,31 +157,28 @@ def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
         return _failed(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
 
 
-def _model_evidence(recipe: Recipe, config: Any) -> list[dict[str, Any]]:
-    """The evidence table of the model's config (file / implementation / assumption), for the report."""
-    from .estimate import read_architecture, read_raw_config
-
+def _config_estimate(recipe: Recipe, config: Any, log: Log) -> Estimate | None:
+    """``quantlab estimate`` of the model, built once per run: the evidence table of its config (as the file
+    states it, where there is one) and the bytes it predicts for each variant."""
     try:
-        raw, _ = read_raw_config(model_location(recipe.model))  # the file as written, where there is one
+        raw, where = read_raw_config(model_location(recipe.model))
     except QuantlabError:
-        raw = config.to_dict()  # e.g. a GGUF file: the config transformers built from it
+        raw, where = config.to_dict(), "the loaded config"  # e.g. a GGUF file: the config transformers built from it
     try:
-        return [vars(e) for e in read_architecture(raw).evidence]
-    except Exception:  # noqa: BLE001 - the report then has no architecture rows; the run is unaffected
-        return []
+        return estimate_from_raw(raw, where, [], [], seq_len=1, dtype=model_dtype_name(recipe.model, config),
+                                 dtype_source="the recipe's model.dtype, as loaded")
+    except Exception as e:  # noqa: BLE001 - the report then has no estimates; the measurements are unaffected
+        log(f"no config estimate ({type(e).__name__}: {e})")
+        return None
 
 
-def _add_config_estimates(row: dict[str, Any], config: Any, recipe: Recipe, variant: Variant, log: Log) -> None:
-    """Put what the config alone predicts (``quantlab estimate``) beside the measured weight and KV bytes."""
-    if row.get("status") != "ok":
+def _add_config_estimates(row: dict[str, Any], estimate: Estimate | None, recipe: Recipe, variant: Variant) -> None:
+    """Put what the config alone predicts beside the measured weight and KV bytes."""
+    if estimate is None or row.get("status") != "ok":
         return
     points = row.get("decode_points") or []
     positions = [(p["batch_size"], p.get("kv_cache_tokens") or p["prompt_tokens"] + recipe.workload.new_tokens) for p in points]
-    try:
-        est = estimates_beside_measured(config, variant.weight, variant.kv, model_dtype_name(recipe.model, config), positions)
-    except Exception as e:  # noqa: BLE001 - an estimate that cannot be made leaves the measurement as it is
-        log(f"{variant.label}: no config estimate ({type(e).__name__}: {e})")
-        return
+    est = estimate.beside_measured(variant.weight, variant.kv, positions)
     kv = est.pop("kv_cache_bytes_estimate")
     row.update(est)
     for point, kv_bytes in zip(points, kv):
@@ -192,10 +194,10 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     out_dir = Path(out_dir or Path("reports") / recipe.name)
     config = load_config(recipe.model)  # fail before writing anything if the model cannot be found
     for i, kv in enumerate(recipe.kv_cache):
-        problem = getattr(kv, "check", lambda _: None)(config)
+        problem = kv.check(config)
         if problem:
             raise QuantlabError(f"kv_cache[{i}] ({kv.label}): {problem}")
-    resolve_device(recipe.device)
+    device = resolve_device(recipe.device)
     variants = recipe.variants()
     keys = [v.key for v in variants]
     store = ResultStore(out_dir)
@@ -204,20 +206,21 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         del store.rows[k]
     if stale:
         log(f"dropping {len(stale)} result rows of a different recipe from {out_dir}")
-    here = (platform.node(), describe_device(resolve_device(recipe.device)))
-    elsewhere = [k for k, r in store.rows.items() if (r.get("host"), r.get("device")) != here]
+    here = _machine(recipe)
+    elsewhere = [k for k, r in store.rows.items() if any(r.get(field) != value for field, value in here.items())]
     for k in elsewhere:  # resume reuses this machine's rows only (e.g. not an example report from the repository)
         del store.rows[k]
     if elsewhere:
         log(f"{len(elsewhere)} result rows in {out_dir} were measured on another machine: measuring them here")
-    bandwidth = copy_bandwidth_bytes_per_s(resolve_device(recipe.device))
+    bandwidth = copy_bandwidth_bytes_per_s(device)
     log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
+    estimate = _config_estimate(recipe, config, log)
     manifest = {
         "memory_bandwidth_bytes_per_s": int(bandwidth),
         "memory_bandwidth_method": "median of 5 copies of 256 MiB (read + write), device synchronized",
         "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": keys,
         "variants": [v.label for v in variants], "complete": False, "started_at": _now(), "environment": environment(),
-        "model_evidence": _model_evidence(recipe, config),
+        "model_evidence": [vars(e) for e in estimate.architecture.evidence] if estimate else [],
     }
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     store.flush()
@@ -229,7 +232,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         log(f"{tag}: running")
         row = _measure_in_subprocess(recipe, i) if recipe.isolation == "process" else measure_variant_safely(recipe, variant)
         row.update(roofline(row, bandwidth))
-        _add_config_estimates(row, config, recipe, variant, log)
+        _add_config_estimates(row, estimate, recipe, variant)
         for point in row.get("decode_points", []):
             point.update(roofline({**point, "decode_weight_bytes_read": row["decode_weight_bytes_read"]}, bandwidth))
         store.put(row)

@@ -192,10 +192,15 @@ def _attention_pattern(arch: Architecture, reader: _Reader) -> None:
     arch.evidence.append(Evidence("attention pattern", value, kind, source))
 
 
-def read_architecture(raw: dict[str, Any]) -> Architecture:
+_UNSET: Any = object()
+
+
+def read_architecture(raw: dict[str, Any], config: Any = _UNSET) -> Architecture:
     """The evidence table for a config file's fields, with transformers' defaults and rules where it knows
-    the architecture; facts nothing establishes go to ``not_interpreted``."""
-    config = config_object(raw)
+    the architecture; facts nothing establishes go to ``not_interpreted``. ``config``: the file's
+    ``config_object``, when the caller has built it already."""
+    if config is _UNSET:
+        config = config_object(raw)
     reader = _Reader(raw, config)
     model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else None
     arch = Architecture(model_type=model_type, config_class=reader.cls)

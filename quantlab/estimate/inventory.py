@@ -70,7 +70,7 @@ def from_implementation(config: Any) -> Inventory:
     from transformers import AutoModelForCausalLM
 
     from ..quant.apply import select_linears
-    from ..quant.linear import LINEAR_TYPES
+    from ..quant.linear import LINEAR_TYPES, linear_weight
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -86,9 +86,7 @@ def from_implementation(config: Any) -> Inventory:
                 continue
             seen.add(id(p))
             is_weight = isinstance(module, LINEAR_TYPES) and pname == "weight"
-            shape = tuple(p.shape)
-            if is_weight and not isinstance(module, nn.Linear):  # Conv1D stores [in, out]
-                shape = (shape[1], shape[0])
+            shape = tuple(linear_weight(module).shape) if is_weight else tuple(p.shape)  # linears as [out, in]
             tensors.append(TensorEntry(component, f"{name}.{pname}", shape, is_weight and name in selected))
         for bname, b in module.named_buffers(recurse=False):
             if b is not None and id(b) not in seen:
@@ -96,7 +94,7 @@ def from_implementation(config: Any) -> Inventory:
                 buffers.append((f"{name}.{bname}", b.numel(), b.dtype))
         inside = _inside_first_layer(name)
         if isinstance(module, LINEAR_TYPES) and inside:
-            out, n_in = (module.weight.shape if isinstance(module, nn.Linear) else module.weight.shape[::-1])
+            out, n_in = linear_weight(module).shape
             projections[inside] = (int(n_in), int(out))
     return Inventory(tensors, f"transformers {type(model).__name__} instantiated on the meta device", projections,
                      buffers=buffers, mlp_kind=_mlp_kind(model))

@@ -54,7 +54,10 @@ def render_estimate(est: Estimate) -> str:
             lines += [f"Bytes include {len(inv.buffers)} non-parameter buffers ({n:,} elements, e.g. "
                       f"`{inv.buffers[0][0]}`) that the model holds beside its parameters."]
     lines += ["", f"## KV cache (batch {est.batch_size}, {est.seq_len_tokens:,} positions)", ""]
-    rows = [[k.label, *_bytes(k.bytes_full), *_bytes(k.bytes_retained)[::2], k.note] for k in est.kv]
+    rows = []
+    for k in est.kv:
+        retained_bytes, _, retained_gib = _bytes(k.bytes_retained)
+        rows.append([k.label, *_bytes(k.bytes_full), retained_bytes, retained_gib, k.note])
     lines += _table(["format", "full bytes", "GB", "GiB", "retained bytes", "retained GiB", "note"], rows)
     formula = est.kv_formula()
     if formula:

@@ -74,6 +74,20 @@ class Estimate:
         return (f"{full}\nM_retained = 2·B·h_kv·d_h·b·[L_g·S + L_l·min(S, w)] = {per:,}·[{n_global}·{s} + {n_local}·{min(s, w)}]"
                 f" = {retained:,} B")
 
+    def beside_measured(self, weight_format: WeightFormat, kv_format: KVFormat,
+                        points: list[tuple[int, int]]) -> dict[str, Any]:
+        """What the config alone predicts for one variant: weight bytes, and KV bytes at each (batch, positions).
+        Built once per model, it serves every variant of a run."""
+        base = DTYPES[self.dtype]
+        try:
+            weights = weight_payload(self.inventory, weight_format, base).bytes if self.inventory else None
+        except NotImplementedError:
+            weights = None
+        compute = weight_format.unquantized_dtype(base)  # a cast format changes the cache's dtype too
+        kv = [kv_payload(self.architecture, kv_format, batch, tokens, compute).bytes_retained for batch, tokens in points]
+        return {"weight_bytes_estimate": weights, "kv_cache_bytes_estimate": kv,
+                "estimate_params_source": self.inventory.source if self.inventory else None}
+
     def to_dict(self) -> dict[str, Any]:
         a = self.architecture
         inv = self.inventory
@@ -143,10 +157,12 @@ def estimate(
 
 def estimate_from_raw(
     raw: dict[str, Any], where: str, weight_formats: list[WeightFormat], kv_formats: list[KVFormat],
-    seq_len: int | None = None, batch: int = 1, dtype: str | None = None,
+    seq_len: int | None = None, batch: int = 1, dtype: str | None = None, dtype_source: str = "--dtype",
 ) -> Estimate:
-    """As ``estimate``, from the config's fields; ``seq_len`` defaults to the position limit."""
-    arch = read_architecture(raw)
+    """As ``estimate``, from the config's fields; ``seq_len`` defaults to the position limit. ``dtype_source``
+    says where a given ``dtype`` came from, for the evidence table."""
+    config = config_object(raw)
+    arch = read_architecture(raw, config)
     if seq_len is None:
         if arch.max_position_embeddings is None:
             raise QuantlabError(f"{where}: no position limit to default to; give --seq-len")
@@ -159,12 +175,12 @@ def estimate_from_raw(
     if dtype is None and arch.dtype is None:
         dtype = "float32"
         arch.evidence.append(Evidence("stored dtype", "float32", ASSUMPTION, "the file names no dtype; pass --dtype"))
-    elif dtype is not None:
-        arch.evidence.append(Evidence("dtype used", dtype, ASSUMPTION, "--dtype"))
+    elif dtype is not None and dtype != arch.dtype:
+        arch.evidence.append(Evidence("dtype used", dtype, ASSUMPTION, dtype_source))
     dtype = dtype or arch.dtype or "float32"
     if dtype not in DTYPES:
         raise QuantlabError(f"{where}: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    inventory = _inventory(raw, arch)
+    inventory = _inventory(config, arch)
     if inventory is not None:
         assumptions += inventory.assumptions
         if inventory.mlp_kind is not None:
@@ -185,8 +201,7 @@ def estimate_from_raw(
     return est
 
 
-def _inventory(raw: dict[str, Any], arch: Architecture) -> Inventory | None:
-    config = config_object(raw)
+def _inventory(config: Any | None, arch: Architecture) -> Inventory | None:
     if config is not None:
         try:
             return from_implementation(config)
@@ -196,16 +211,3 @@ def _inventory(raw: dict[str, Any], arch: Architecture) -> Inventory | None:
     if inventory is None:
         arch.not_interpreted.append("parameter count and weight payload (needs every fact of a Llama-style decoder)")
     return inventory
-
-
-def estimates_beside_measured(
-    config: Any, weight_format: WeightFormat, kv_format: KVFormat, dtype: str, points: list[tuple[int, int]],
-) -> dict[str, Any]:
-    """What the config alone predicts for one variant: weight bytes, and KV bytes at each (batch, positions)."""
-    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    est = estimate_from_raw(raw, "config", [weight_format], [], seq_len=1, dtype=dtype)
-    arch = est.architecture
-    compute = weight_format.unquantized_dtype(DTYPES[dtype])  # a cast format changes the cache's dtype too
-    kv = [kv_payload(arch, kv_format, batch, tokens, compute).bytes_retained for batch, tokens in points]
-    return {"weight_bytes_estimate": est.weights[0].bytes if est.weights else None, "kv_cache_bytes_estimate": kv,
-            "estimate_params_source": est.inventory.source if est.inventory else None}

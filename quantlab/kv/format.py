@@ -17,6 +17,10 @@ class KVFormat(BaseModel):
     def label(self) -> str:
         raise NotImplementedError
 
+    def check(self, config: PretrainedConfig) -> str | None:
+        """Why this format cannot serve a model of this config (checked before a run starts), or None."""
+        return None
+
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         """A fresh, empty cache for one generation with a model of this config; with ``max_cache_len``,
         a static one of that length (for compiled decoding)."""

@@ -22,5 +22,5 @@ class NativeKV(KVFormat):
         """2 (K and V) x layers x KV heads x head dim x tokens x batch x element size; sliding-window
         layers of a DynamicCache keep at most their window."""
         _, heads, head_dim = attention_shape(config)
-        per_token = 2 * heads * head_dim * batch_size * torch.tensor([], dtype=dtype).element_size()
+        per_token = 2 * heads * head_dim * batch_size * dtype.itemsize
         return sum(per_token * (tokens if window is None else min(tokens, window)) for window in layer_windows(config))

@@ -150,7 +150,7 @@ class Codec:
         if t == 0:
             return 0
         if self.bits is None:
-            size = torch.tensor([], dtype=self.dtype).element_size()
+            size = self.dtype.itemsize
             return b * h * t * d * size + (b * h * t * 2 if self.dtype == torch.float8_e4m3fn else 0)
         if self.axis == "channel":  # stored one block of group_size positions at a time
             return (t // self.block) * QuantizedTensor.analytic_nbytes((b * h * d, self.block), self.bits, None, False, 2)

@@ -8,12 +8,12 @@ from pydantic import Field, model_validator
 from transformers import Cache, PretrainedConfig
 
 from ..errors import UnsupportedError
+from ..quant.format import DTYPES, SHORT_DTYPE
 from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
 from .packed import Codec, PackedKVLayer, PackedSlidingKVLayer
 
-CAST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-               "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
+CAST_DTYPES = {**DTYPES, "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
+SHORT = {**SHORT_DTYPE, "float8_e4m3fn": "fp8"}
 
 
 class PackedKVFormat(KVFormat):
@@ -21,9 +21,6 @@ class PackedKVFormat(KVFormat):
 
     def codecs(self) -> tuple[Codec, Codec, int]:
         raise NotImplementedError
-
-    def check(self, config: PretrainedConfig) -> str | None:
-        return None
 
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         if max_cache_len is not None:
@@ -42,7 +39,7 @@ class PackedKVFormat(KVFormat):
         key, value, residual_tokens = self.codecs()
         residual = PackedKVLayer(key, value, residual_tokens).residual_after(tokens)
         stored = tokens - residual
-        itemsize = torch.tensor([], dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         total = 0
         for window in layer_windows(config):
             cutoff = 0 if window is None else max(0, tokens - (window - 1))

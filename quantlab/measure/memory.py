@@ -49,15 +49,20 @@ def _modules_and_tensors(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Te
                 yield module, t
 
 
-def weight_bytes_by_component(model: nn.Module) -> dict[str, int]:
-    """Bytes of parameters and buffers by component, each storage counted once (tied weights too)."""
+def _distinct_storages(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Tensor]]:
+    """``_modules_and_tensors`` with each storage once (tied and shared tensors at their first owner)."""
     seen: set[int] = set()
-    out = {"quantized_linear": 0, "linear": 0, "embedding": 0, "other": 0}
     for module, t in _modules_and_tensors(model):
         ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
+        if ptr not in seen:
+            seen.add(ptr)
+            yield module, t
+
+
+def weight_bytes_by_component(model: nn.Module) -> dict[str, int]:
+    """Bytes of parameters and buffers by component, each storage counted once (tied weights too)."""
+    out = {"quantized_linear": 0, "linear": 0, "embedding": 0, "other": 0}
+    for module, t in _distinct_storages(model):
         out[_component(module)] += t.untyped_storage().nbytes()
     return out
 
@@ -67,15 +72,8 @@ def decode_weight_bytes_read(model: nn.Module) -> int:
     one row), unless the table is also the output head (tied), which reads it whole."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_ptr = head.weight.untyped_storage().data_ptr() if head is not None and hasattr(head, "weight") else None
-    seen: set[int] = set()
-    total = 0
-    for module, t in _modules_and_tensors(model):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen or (isinstance(module, nn.Embedding) and ptr != head_ptr):
-            continue
-        seen.add(ptr)
-        total += t.untyped_storage().nbytes()
-    return total
+    return sum(t.untyped_storage().nbytes() for module, t in _distinct_storages(model)
+               if not isinstance(module, nn.Embedding) or t.untyped_storage().data_ptr() == head_ptr)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -57,14 +57,22 @@ def _negative_log_likelihood(model: nn.Module, ids: torch.Tensor, spans: list[Sp
         targets = batch[:, length - scored:]
         nll += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum").item()
         count += targets.numel()
+    return nll, count
+
+
+def _stamped(nll: float, scored: int, protocol: dict[str, Any], text: Text) -> dict[str, Any]:
+    """The perplexity of ``scored`` tokens with summed NLL ``nll``, and the protocol that produced it."""
     if not math.isfinite(nll):
         raise QuantlabError("perplexity is not finite (the model produced NaN or Inf logits)")
-    return nll, count
+    return {
+        "perplexity": round(math.exp(nll / scored), 4),
+        "perplexity_protocol": {**protocol, "scored_tokens": scored, "text": text.source, "text_sha256": text.sha256},
+    }
 
 
 def perplexity(
     model: nn.Module, ids: torch.Tensor, text: Text, *, protocol: str, window_tokens: int, batch_size: int,
-    device: torch.device, stride_tokens: int | None = None, max_tokens: int | None = None,
+    device: torch.device, stride_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Token perplexity under ``protocol`` (``windows`` or ``sliding``), with the protocol stamped beside it.
 
@@ -72,8 +80,6 @@ def perplexity(
     ``sliding``: windows every ``stride_tokens``, each token scored once with up to ``window - stride``
     tokens of context before the scored part.
     """
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
     if ids.numel() < (window_tokens if protocol == "windows" else 2):
         raise QuantlabError(f"the text has {ids.numel()} tokens, too few for protocol {protocol} (window {window_tokens})")
     if protocol == "windows":
@@ -83,13 +89,7 @@ def perplexity(
         raise QuantlabError(f"protocol sliding needs 0 < stride_tokens <= window_tokens, got {stride_tokens}")
     nll, scored = _negative_log_likelihood(model, ids, window_spans(ids.numel(), window_tokens, stride_tokens),
                                            batch_size, device)
-    return {
-        "perplexity": round(math.exp(nll / scored), 4),
-        "perplexity_protocol": {
-            "name": protocol, "window_tokens": window_tokens, "stride_tokens": stride_tokens,
-            "scored_tokens": scored, "text": text.source, "text_sha256": text.sha256,
-        },
-    }
+    return _stamped(nll, scored, {"name": protocol, "window_tokens": window_tokens, "stride_tokens": stride_tokens}, text)
 
 
 @torch.inference_mode()
@@ -119,16 +119,8 @@ def cache_perplexity(
         full = torch.cat(logits, dim=1)[:, :-1]
         nll += F.cross_entropy(full.reshape(-1, full.size(-1)), batch[:, 1:].reshape(-1), reduction="sum").item()
         scored += batch[:, 1:].numel()
-    if not math.isfinite(nll):
-        raise QuantlabError("perplexity is not finite (the model produced NaN or Inf logits)")
-    return {
-        "perplexity": round(math.exp(nll / scored), 4),
-        "perplexity_protocol": {
-            "name": "kv-chunked", "window_tokens": window_tokens, "stride_tokens": window_tokens,
-            "chunk_tokens": chunk_tokens, "kv_format": kv.label, "scored_tokens": scored,
-            "text": text.source, "text_sha256": text.sha256,
-        },
-    }
+    return _stamped(nll, scored, {"name": "kv-chunked", "window_tokens": window_tokens, "stride_tokens": window_tokens,
+                                  "chunk_tokens": chunk_tokens, "kv_format": kv.label}, text)
 
 
 def protocol_summary(protocol: dict[str, Any]) -> str:

@@ -39,6 +39,10 @@ class GPTQSettings(AffineFormat):
     def label(self) -> str:
         return f"{super().label}-{self.backend_tag}" + ("-act" if self.act_order else "")
 
+    @property
+    def stores_group_index(self) -> bool:
+        return self.act_order
+
 
 @WEIGHT_FORMATS.register("gptq", "GPTQ (Hessian-aware rounding, needs calibration); fields: bits, group_size, "
                          "symmetric, act_order, damp, block_size, clip, scale_dtype, kernel")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedError
-from .kernels import DequantKernel
+from .kernels import DequantKernel, choose_kernel
 from .linear import QuantizedLinear
 from .primitives import pack
 from .qtensor import QuantizedTensor
@@ -165,7 +165,7 @@ def load_gptq(
         q = from_gptq_tensors(part, qconfig["bits"], qconfig["group_size"], qconfig["sym"], checkpoint_format)
         bias = tensors.pop(f"{name}.bias", None)
         q = q.to(device)
-        new = QuantizedLinear(DequantKernel(q) if kernels is None else _kernel(q, device, dtype, kernels),
+        new = QuantizedLinear(DequantKernel(q) if kernels is None else choose_kernel(q, torch.device(device), dtype, kernels),
                               None if bias is None else bias.to(device, dtype), q.bits, q.group_size)
         model.set_submodule(name, new)
     model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=False, assign=True)
@@ -174,9 +174,3 @@ def load_gptq(
     if missing:
         raise UnsupportedError(f"{folder}: no tensors for {', '.join(missing[:3])}")
     return model.eval()
-
-
-def _kernel(q: QuantizedTensor, device: str | torch.device, dtype: torch.dtype, kernels: list[str]):  # type: ignore[no-untyped-def]
-    from .kernels import choose_kernel
-
-    return choose_kernel(q, torch.device(device), dtype, kernels)

@@ -64,10 +64,15 @@ class AffineFormat(WeightFormat):
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return DTYPES[self.compute_dtype] if self.compute_dtype else base
 
+    @property
+    def stores_group_index(self) -> bool:
+        """Whether each weight keeps a per-column group index (g_idx); GPTQ's act-order does."""
+        return False
+
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         """The generic packed layout: codes, scales, zero points (asymmetric), group indices (act-order)."""
         return QuantizedTensor.analytic_nbytes((out_features, in_features), self.bits, self.group_size, self.symmetric,
-                                               DTYPES[self.scale_dtype].itemsize, getattr(self, "act_order", False),
+                                               DTYPES[self.scale_dtype].itemsize, self.stores_group_index,
                                                self.per_tensor)
 
 

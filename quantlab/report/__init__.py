@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import QuantlabError
-from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write_text, publish, read_jsonl
+from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text, read_jsonl
 from .html import render_html
 from .markdown import render
 from .table import comparison, flatten, points_frame
@@ -44,21 +44,11 @@ def write_report(out_dir: Path) -> Path:
 
 def write_parquet(table: pd.DataFrame, path: Path) -> None:
     """The table as Parquet (columns of mixed or nested values as JSON text), written atomically."""
-    import os
-    import tempfile
-
     frame = table.copy()
     for col in frame.columns:
         if frame[col].dtype == object:
             frame[col] = frame[col].map(lambda v: v if v is None or isinstance(v, str) else json.dumps(v))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.to_parquet(tmp, index=False)
-        publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 __all__ = ["write_report"]

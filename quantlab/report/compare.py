@@ -6,7 +6,6 @@ for the same variant label.
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 from pathlib import Path
@@ -16,7 +15,7 @@ import pandas as pd
 
 from ..errors import QuantlabError
 from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write_text, read_jsonl
-from .table import MIB
+from .table import MIB, fmt_value
 
 FIGURES = [  # column, heading, format, comparison to the first run: "ratio" or "delta"
     ("weight_bytes", "weights MiB", ".3f", "ratio"),
@@ -76,35 +75,51 @@ def aligned(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _fmt(x: Any, fmt: str) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
 def _value(col: str, x: float) -> float:
     return x / MIB if col.endswith("_bytes") else x
+
+
+Section = tuple[str, list[str], list[list[str]]]  # heading, header, rows of formatted cells
+
+
+def _sections(table: pd.DataFrame, run_names: list[str]) -> list[Section]:
+    """One table per figure that any run has: each run's value, then later runs against the first."""
+    sections = []
+    for col, heading, spec, how in FIGURES:
+        if all(table[f"{col}@{r}"].isna().all() for r in run_names):
+            continue
+        header = ["variant"] + [f"{heading} [{i + 1}]" for i in range(len(run_names))]
+        header += [f"{'×' if how == 'ratio' else 'Δ'} [{i + 1}] vs [1]" for i in range(1, len(run_names))]
+        rows = []
+        for _, r in table.iterrows():
+            cells = [r["variant"]] + [fmt_value(_value(col, r[f"{col}@{n}"]), spec) for n in run_names]
+            cells += [fmt_value(r[f"{col}_vs_first@{n}"], ".3f" if how == "ratio" else "+.3f") for n in run_names[1:]]
+            rows.append(cells)
+        sections.append((heading, header, rows))
+    return sections
+
+
+def _not_measured(table: pd.DataFrame, run_names: list[str]) -> str | None:
+    missing = [(r["variant"], n, r[f"status@{n}"]) for _, r in table.iterrows() for n in run_names if r[f"status@{n}"] != "ok"]
+    if not missing:
+        return None
+    return "Not measured: " + "; ".join(f"{v} in [{run_names.index(n) + 1}] ({s})" for v, n, s in missing) + "."
 
 
 def render_markdown(table: pd.DataFrame, run_names: list[str], dirs: list[Path]) -> str:
     lines = ["# quantlab comparison", "", "Runs (the first is the reference for ratios and deltas):", ""]
     lines += [f"{i + 1}. **{n}** — `{d}`" for i, (n, d) in enumerate(zip(run_names, dirs))]
-    for col, heading, fmt, how in FIGURES:
-        if all(table[f"{col}@{r}"].isna().all() for r in run_names):
-            continue
-        head = ["variant"] + [f"{heading} [{i + 1}]" for i in range(len(run_names))]
-        head += [f"{'×' if how == 'ratio' else 'Δ'} [{i + 1}] vs [1]" for i in range(1, len(run_names))]
-        lines += ["", f"## {heading}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for _, r in table.iterrows():
-            cells = [r["variant"]] + [_fmt(_value(col, r[f"{col}@{n}"]), fmt) for n in run_names]
-            cells += [_fmt(r[f"{col}_vs_first@{n}"], ".3f" if how == "ratio" else "+.3f") for n in run_names[1:]]
-            lines.append("| " + " | ".join(cells) + " |")
-    missing = [(r["variant"], n, r[f"status@{n}"]) for _, r in table.iterrows() for n in run_names if r[f"status@{n}"] != "ok"]
+    for heading, header, rows in _sections(table, run_names):
+        lines += ["", f"## {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    missing = _not_measured(table, run_names)
     if missing:
-        lines += ["", "Not measured: " + "; ".join(f"{v} in [{run_names.index(n) + 1}] ({s})" for v, n, s in missing) + "."]
+        lines += ["", missing]
     return "\n".join(lines) + "\n"
 
 
 def _plot(table: pd.DataFrame, run_names: list[str]) -> str | None:
-    from .plots import STYLE, _svg, plt
+    from .plots import STYLE, plt, to_svg
 
     if all(table[f"tokens_per_s@{r}"].isna().all() for r in run_names):
         return None
@@ -118,37 +133,26 @@ def _plot(table: pd.DataFrame, run_names: list[str]) -> str | None:
         ax.invert_yaxis()
         ax.set_xlabel("decode tokens/s (first point of each run)")
         ax.legend(frameon=False, fontsize=7)
-        return _svg(fig)
+        return to_svg(fig)
 
 
-def render_html(markdown: str, plot: str | None) -> str:
-    """The Markdown tables as HTML (a small converter for the subset written above) with the plot."""
-    from .html import CSS
+def render_html(table: pd.DataFrame, run_names: list[str], dirs: list[Path]) -> str:
+    """The same tables as ``render_markdown``, with the speed plot, as one self-contained page."""
+    from .html import CSS, esc, html_table
 
-    body, in_table = [], False
-    for line in markdown.splitlines():
-        if line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= set("-"):
-                continue
-            tag = "th" if not in_table else "td"
-            body.append(("<table>" if not in_table else "") + "<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-            in_table = True
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line).replace('**', '')}</p>")
-    if in_table:
-        body.append("</table>")
-    figure = f'<figure id="plot-compare-speed">{plot}<figcaption>Decode tokens/s by variant and run.</figcaption></figure>' if plot else ""
+    body = ["<h1>quantlab comparison</h1>", "<p>Runs (the first is the reference for ratios and deltas):</p><ol>"]
+    body += [f"<li><b>{esc(n)}</b> — <code>{esc(d)}</code></li>" for n, d in zip(run_names, dirs)]
+    body.append("</ol>")
+    for heading, header, rows in _sections(table, run_names):
+        body += [f"<h2>{esc(heading)}</h2>", html_table([esc(h) for h in header], [([esc(c) for c in cells], "") for cells in rows])]
+    missing = _not_measured(table, run_names)
+    if missing:
+        body.append(f"<p>{esc(missing)}</p>")
+    plot = _plot(table, run_names)
+    if plot:
+        body.append(f'<figure id="plot-compare-speed">{plot}<figcaption>Decode tokens/s by variant and run.</figcaption></figure>')
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>quantlab comparison</title>'
-            f"<style>{CSS}</style></head><body>{''.join(body)}{figure}</body></html>\n")
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def compare_runs(dirs: list[Path], out_dir: Path) -> Path:
@@ -161,9 +165,8 @@ def compare_runs(dirs: list[Path], out_dir: Path) -> Path:
     runs = load_runs(dirs)
     run_names = list(dict.fromkeys(runs["run"]))
     table = aligned(runs)
-    markdown = render_markdown(table, run_names, dirs)
     out_dir = Path(out_dir)
-    atomic_write_text(out_dir / "compare.md", markdown)
-    atomic_write_text(out_dir / "compare.html", render_html(markdown, _plot(table, run_names)))
+    atomic_write_text(out_dir / "compare.md", render_markdown(table, run_names, dirs))
+    atomic_write_text(out_dir / "compare.html", render_html(table, run_names, dirs))
     atomic_write_text(out_dir / "compare.csv", runs.drop(columns=[c for c in runs if c == "environment"]).to_csv(index=False))
     return out_dir / "compare.md"

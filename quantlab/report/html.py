@@ -8,9 +8,8 @@ from typing import Any
 import pandas as pd
 
 from ..measure.perplexity import protocol_summary
-from .pareto import pareto_front
-from .plots import context_plot, footprint_bytes, latency_plot, memory_plot, pareto_plot
-from .table import MIB
+from .plots import context_plot, latency_plot, memory_plot, pareto_plot
+from .table import first_ok, fmt_mib, fmt_value, measured, pareto_variants, task_rows
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -22,19 +21,11 @@ th{background:#f4f4f4}td.l,th.l{text-align:left}tr.failed td{background:#fdecea}
 """
 
 
-def _e(x: Any) -> str:
+def esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _f(x: Any, fmt: str) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if fmt == "," and isinstance(x, float) and x.is_integer():
-        x = int(x)  # byte counts read back through a float column
-    return format(x, fmt)
-
-
-def _table(header: list[str], rows: list[tuple[list[str], str]], left: int = 1) -> str:
+def html_table(header: list[str], rows: list[tuple[list[str], str]], left: int = 1) -> str:
     """``rows``: (cells, css class). Cells are already escaped; the first ``left`` columns align left."""
     th = "".join(f'<th class="l">{h}</th>' if i < left else f"<th>{h}</th>" for i, h in enumerate(header))
     body = []
@@ -47,50 +38,51 @@ def _table(header: list[str], rows: list[tuple[list[str], str]], left: int = 1) 
 def _figure(svg: str | None, ident: str, caption: str) -> str:
     if svg is None:
         return ""
-    return f'<figure id="{ident}">{svg}<figcaption>{_e(caption)}</figcaption></figure>'
+    return f'<figure id="{ident}">{svg}<figcaption>{esc(caption)}</figcaption></figure>'
 
 
 def _summary(frame: pd.DataFrame, baseline: str, front: dict[str, bool]) -> str:
     rows = []
     for _, r in frame.iterrows():
         get = r.get
-        label = _e(r["variant"])
+        label = esc(r["variant"])
         if get("status") != "ok":
-            rows.append(([label, "failed", f'<span class="l">{_e(get("error"))}</span>'] + [""] * 9, "failed"))
+            rows.append(([label, "failed", f'<span class="l">{esc(get("error"))}</span>'] + [""] * 9, "failed"))
             continue
         cls = "base" if r["variant"] == baseline else ""
         name = f'<span class="front">{label} ◆</span>' if front.get(r["variant"]) else label
         rows.append(([
-            name, "ok", _f(get("weight_bytes", math.nan) / MIB, ".3f"), _f(get("weight_bytes_ratio"), ".3f"),
-            _f(get("peak_memory_bytes", math.nan) / MIB, ".1f"), _f(get("peak_memory_ratio"), ".3f"),
-            _f(get("tokens_per_s"), ".1f"), _f(get("tokens_per_s_ratio"), ".2f"), _f(get("roofline_share"), ".1%"),
-            _f(get("perplexity"), ".3f"), _f(get("perplexity_delta"), "+.3f"), _e(get("kernel_path") or "—"),
+            name, "ok", fmt_mib(get("weight_bytes")), fmt_value(get("weight_bytes_ratio"), ".3f"),
+            fmt_mib(get("peak_memory_bytes"), ".1f"), fmt_value(get("peak_memory_ratio"), ".3f"),
+            fmt_value(get("tokens_per_s"), ".1f"), fmt_value(get("tokens_per_s_ratio"), ".2f"), fmt_value(get("roofline_share"), ".1%"),
+            fmt_value(get("perplexity"), ".3f"), fmt_value(get("perplexity_delta"), "+.3f"), esc(get("kernel_path") or "—"),
         ], cls))
     header = ["variant", "status", "weights MiB", "× base", "peak MiB", "× base", "tokens/s", "× base", "roofline",
               "perplexity", "Δ base", "kernel path"]
-    return _table(header, rows)
+    return html_table(header, rows)
+
+
+def _gap(measured_bytes: Any, predicted_bytes: Any) -> str:
+    """Measured minus predicted bytes, signed; a dash where either is missing."""
+    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (measured_bytes, predicted_bytes)):
+        return "—"
+    return f"{int(measured_bytes) - int(predicted_bytes):+,}"
 
 
 def _memory_table(frame: pd.DataFrame) -> str:
     rows = []
-    for _, r in frame[frame["status"] == "ok"].iterrows():
+    for _, r in measured(frame).iterrows():
         get = r.get
-
-        def gap(measured: Any, predicted: Any) -> str:
-            if predicted is None or (isinstance(predicted, float) and math.isnan(predicted)) or measured is None:
-                return "—"
-            return f"{int(measured) - int(predicted):+,}"
-
         rows.append(([
-            _e(r["variant"]), _f(get("weight_bytes"), ","), _f(get("weight_bytes_analytic"), ","),
-            gap(get("weight_bytes"), get("weight_bytes_analytic")), _f(get("weight_bytes_estimate"), ","),
-            gap(get("weight_bytes"), get("weight_bytes_estimate")), _f(get("kv_cache_bytes"), ","),
-            _f(get("kv_cache_bytes_analytic"), ","), gap(get("kv_cache_bytes"), get("kv_cache_bytes_analytic")),
-            _f(get("peak_memory_bytes"), ","),
+            esc(r["variant"]), fmt_value(get("weight_bytes"), ","), fmt_value(get("weight_bytes_analytic"), ","),
+            _gap(get("weight_bytes"), get("weight_bytes_analytic")), fmt_value(get("weight_bytes_estimate"), ","),
+            _gap(get("weight_bytes"), get("weight_bytes_estimate")), fmt_value(get("kv_cache_bytes"), ","),
+            fmt_value(get("kv_cache_bytes_analytic"), ","), _gap(get("kv_cache_bytes"), get("kv_cache_bytes_analytic")),
+            fmt_value(get("peak_memory_bytes"), ","),
         ], ""))
     header = ["variant", "weights B measured", "analytic", "gap", "config estimate", "gap", "KV B measured", "analytic",
               "gap", "peak B"]
-    return _table(header, rows)
+    return html_table(header, rows)
 
 
 def _points(rows: list[dict[str, Any]]) -> str:
@@ -99,38 +91,36 @@ def _points(rows: list[dict[str, Any]]) -> str:
     out = []
     for r in rows:
         for p in r.get("decode_points") or []:
-            out.append(([_e(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), _f(p.get("prefill_ms"), ".2f"),
-                         f"{_f(p.get('decode_ms_per_token'), '.2f')} ({_f(p.get('decode_ms_p10'), '.2f')}–{_f(p.get('decode_ms_p90'), '.2f')})",
-                         _f(p.get("tokens_per_s"), ".1f"), _f(p.get("kv_cache_bytes"), ","),
-                         _f(p.get("kv_cache_bytes_analytic"), ","), _f(p.get("roofline_share"), ".1%")], ""))
+            out.append(([esc(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), fmt_value(p.get("prefill_ms"), ".2f"),
+                         f"{fmt_value(p.get('decode_ms_per_token'), '.2f')} ({fmt_value(p.get('decode_ms_p10'), '.2f')}–{fmt_value(p.get('decode_ms_p90'), '.2f')})",
+                         fmt_value(p.get("tokens_per_s"), ".1f"), fmt_value(p.get("kv_cache_bytes"), ","),
+                         fmt_value(p.get("kv_cache_bytes_analytic"), ","), fmt_value(p.get("roofline_share"), ".1%")], ""))
     header = ["variant", "batch", "prompt tokens", "prefill ms", "decode ms/token (p10–p90)", "tokens/s", "KV B",
               "KV analytic B", "roofline"]
-    return "<h2>Decode by batch size and context length</h2>" + _table(header, out)
+    return "<h2>Decode by batch size and context length</h2>" + html_table(header, out)
 
 
 def _tasks(frame: pd.DataFrame, baseline: str) -> str:
-    from .table import task_rows
-
     cols, rows = task_rows(frame, baseline)
     if not cols:
         return ""
-    header = ["variant"] + [h for c in cols for h in (_e(c.removeprefix("lm_eval_")), "Δ base")]
-    body = [([_e(v)] + [x for val, d in zip(values, deltas) for x in (_f(val, ".4f"), _f(d, "+.4f"))], "")
+    header = ["variant"] + [h for c in cols for h in (esc(c.removeprefix("lm_eval_")), "Δ base")]
+    body = [([esc(v)] + [x for val, d in zip(values, deltas) for x in (fmt_value(val, ".4f"), fmt_value(d, "+.4f"))], "")
             for v, values, deltas in rows]
-    return "<h2>lm-eval tasks</h2>" + _table(header, body)
+    return "<h2>lm-eval tasks</h2>" + html_table(header, body)
 
 
 def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
-    ok = next((r for r in rows if r.get("status") == "ok"), rows[0] if rows else {})
+    ok = first_ok(rows)
     env = ok.get("environment") or manifest.get("environment", {})
     recipe = manifest.get("recipe", {})
     w = recipe.get("workload", {})
     items: list[tuple[list[str], str]] = []
     for e in manifest.get("model_evidence") or []:
-        items.append(([_e(e["meaning"]), _e(e["value"]), _e(e["kind"]), _e(e["source"])], ""))
+        items.append(([esc(e["meaning"]), esc(e["value"]), esc(e["kind"]), esc(e["source"])], ""))
     proto = ok.get("perplexity_protocol") or {}
     kernels = sorted({r.get("kernel_path") for r in rows if r.get("kernel_path")})
-    measured = [
+    how_obtained = [
         ("weight bytes", "measured", "bytes of every parameter and buffer after quantization, tied tensors once; "
          "analytic from each format's formula; config estimate from the config alone"),
         ("KV-cache bytes", "measured", f"the cache's tensors after the timed generation ({ok.get('kv_cache_tokens', '—')} positions)"),
@@ -138,7 +128,7 @@ def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
         ("decode latency", "measured", f"engine {ok.get('engine', '—')} {ok.get('engine_options') or ''}; "
          f"{w.get('warmup_runs')} warm-up generation(s), {w.get('new_tokens')} steps, device synchronized per step"),
         ("roofline share", "measured + derived", f"bytes read per step ÷ copy bandwidth "
-         f"{_f(manifest.get('memory_bandwidth_bytes_per_s', math.nan) / 1e9, '.1f')} GB/s "
+         f"{fmt_value(manifest.get('memory_bandwidth_bytes_per_s', math.nan) / 1e9, '.1f')} GB/s "
          f"({manifest.get('memory_bandwidth_method', 'not measured')}) ÷ step time"),
         ("perplexity", "measured", protocol_summary(proto) if proto else "—"),
         *[("lm-eval task", "measured", f"{t.get('task')}: {t.get('num_fewshot') or 0}-shot, limit {t.get('limit')}, "
@@ -152,28 +142,26 @@ def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
         ("software", "environment", f"Python {env.get('python')}, torch {env.get('torch')}, transformers "
          f"{env.get('transformers')}, quantlab commit {env.get('quantlab_commit') or 'unknown'}"),
     ]
-    for name, kind, how in measured:
-        items.append(([_e(name), "", _e(kind), _e(how)], ""))
-    return _table(["figure", "value", "source", "where / how"], items, left=4)
+    for name, kind, how in how_obtained:
+        items.append(([esc(name), "", esc(kind), esc(how)], ""))
+    return html_table(["figure", "value", "source", "where / how"], items, left=4)
 
 
 def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     """The whole report page."""
     recipe = manifest.get("recipe", {})
     baseline = manifest.get("baseline", "")
-    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
-    front = dict(zip(ok["variant"], pareto_front(list(footprint_bytes(ok)), list(ok.get("perplexity", pd.Series(
-        [math.nan] * len(ok), index=ok.index)).astype(float)))))
+    front = pareto_variants(frame)
     on_front = [v for v, f in front.items() if f]
-    first = next((r for r in rows if r.get("status") == "ok"), {})
+    first = first_ok(rows)
     title = f"quantlab report: {recipe.get('name', first.get('recipe', '?'))}"
     parts = [
-        f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
+        f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
         f"<style>{CSS}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        f"<p>{_e(recipe['description'])}</p>" if recipe.get("description") else "",
-        f"<p>Model <b>{_e(first.get('model', '?'))}</b> on <b>{_e(first.get('device', '?'))}</b>; baseline "
-        f"<b>{_e(baseline)}</b>; {len(rows)} variants.</p>",
+        f"<h1>{esc(title)}</h1>",
+        f"<p>{esc(recipe['description'])}</p>" if recipe.get("description") else "",
+        f"<p>Model <b>{esc(first.get('model', '?'))}</b> on <b>{esc(first.get('device', '?'))}</b>; baseline "
+        f"<b>{esc(baseline)}</b>; {len(rows)} variants.</p>",
         "" if manifest.get("complete", True) else
         '<p class="banner">Incomplete run: some variants have not been measured yet; run the same command to resume.</p>',
         "<h2>Summary</h2>", _summary(frame, baseline, front),

@@ -1,23 +1,12 @@
 """report.md: the comparison table and how every figure was obtained."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
 from ..measure.perplexity import protocol_summary
-from .table import MIB
-
-
-def _num(x: Any, fmt: str) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    return format(x, fmt)
-
-
-def _mib(x: Any) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x / MIB:.3f}"
+from .table import MIB, first_ok, fmt_mib, fmt_value, has_perplexity, pareto_variants, task_rows
 
 
 def _table(frame: pd.DataFrame) -> list[str]:
@@ -29,15 +18,15 @@ def _table(frame: pd.DataFrame) -> list[str]:
         if get("status") != "ok":
             lines.append(f"| {r['variant']} | **failed**: {get('error')} |" + " |" * 13)
             continue
-        decode = f"{_num(get('decode_ms_per_token'), '.2f')} ({_num(get('decode_ms_p10'), '.2f')}–{_num(get('decode_ms_p90'), '.2f')})"
+        decode = f"{fmt_value(get('decode_ms_per_token'), '.2f')} ({fmt_value(get('decode_ms_p10'), '.2f')}–{fmt_value(get('decode_ms_p90'), '.2f')})"
         lines.append(
-            f"| {r['variant']} | ok | {_num(get('weight_bytes', 0) / MIB, '.3f')} | {_num(get('weight_bytes_ratio'), '.3f')} "
-            f"| {_num(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {_mib(get('weight_bytes_estimate'))} "
-            f"| {_num(get('kv_cache_bytes', 0) / MIB, '.3f')} "
-            f"| {_num(get('peak_memory_bytes', 0) / MIB, '.1f')} "
-            f"| {_num(get('prefill_ms'), '.2f')} | {decode} | {_num(get('tokens_per_s'), '.1f')} "
-            f"| {_num(get('tokens_per_s_ratio'), '.2f')} | {_num(get('roofline_share'), '.1%')} "
-            f"| {_num(get('perplexity'), '.3f')} | {_num(get('perplexity_delta'), '+.3f')} |"
+            f"| {r['variant']} | ok | {fmt_value(get('weight_bytes', 0) / MIB, '.3f')} | {fmt_value(get('weight_bytes_ratio'), '.3f')} "
+            f"| {fmt_value(get('weight_bytes_analytic', 0) / MIB, '.3f')} | {fmt_mib(get('weight_bytes_estimate'))} "
+            f"| {fmt_value(get('kv_cache_bytes', 0) / MIB, '.3f')} "
+            f"| {fmt_value(get('peak_memory_bytes', 0) / MIB, '.1f')} "
+            f"| {fmt_value(get('prefill_ms'), '.2f')} | {decode} | {fmt_value(get('tokens_per_s'), '.1f')} "
+            f"| {fmt_value(get('tokens_per_s_ratio'), '.2f')} | {fmt_value(get('roofline_share'), '.1%')} "
+            f"| {fmt_value(get('perplexity'), '.3f')} | {fmt_value(get('perplexity_delta'), '+.3f')} |"
         )
     return lines
 
@@ -53,17 +42,15 @@ def _points_table(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         for p in r.get("decode_points") or []:
             lines.append(
-                f"| {r['variant']} | {p['batch_size']} | {p['prompt_tokens']} | {_num(p.get('prefill_ms'), '.2f')} "
-                f"| {_num(p.get('decode_ms_per_token'), '.2f')} ({_num(p.get('decode_ms_p10'), '.2f')}–{_num(p.get('decode_ms_p90'), '.2f')}) "
-                f"| {_num(p.get('tokens_per_s'), '.1f')} | {_num(p.get('kv_cache_bytes', 0) / MIB, '.3f')} "
-                f"| {_mib(p.get('kv_cache_bytes_analytic'))} | {_mib(p.get('kv_cache_bytes_estimate'))} "
-                f"| {_num(p.get('peak_memory_bytes', 0) / MIB, '.1f')} | {_num(p.get('roofline_share'), '.1%')} |")
+                f"| {r['variant']} | {p['batch_size']} | {p['prompt_tokens']} | {fmt_value(p.get('prefill_ms'), '.2f')} "
+                f"| {fmt_value(p.get('decode_ms_per_token'), '.2f')} ({fmt_value(p.get('decode_ms_p10'), '.2f')}–{fmt_value(p.get('decode_ms_p90'), '.2f')}) "
+                f"| {fmt_value(p.get('tokens_per_s'), '.1f')} | {fmt_value(p.get('kv_cache_bytes', 0) / MIB, '.3f')} "
+                f"| {fmt_mib(p.get('kv_cache_bytes_analytic'))} | {fmt_mib(p.get('kv_cache_bytes_estimate'))} "
+                f"| {fmt_value(p.get('peak_memory_bytes', 0) / MIB, '.1f')} | {fmt_value(p.get('roofline_share'), '.1%')} |")
     return lines
 
 
 def _tasks_table(frame: pd.DataFrame, baseline: str) -> list[str]:
-    from .table import task_rows
-
     cols, rows = task_rows(frame, baseline)
     if not cols:
         return []
@@ -71,30 +58,22 @@ def _tasks_table(frame: pd.DataFrame, baseline: str) -> list[str]:
     lines = ["", "## lm-eval tasks", "", "| variant | " + " | ".join(f"{n} | Δ base" for n in names) + " |",
              "|---|" + "---|---|" * len(names)]
     for variant, values, deltas in rows:
-        cells = " | ".join(f"{_num(v, '.4f')} | {_num(d, '+.4f')}" for v, d in zip(values, deltas))
+        cells = " | ".join(f"{fmt_value(v, '.4f')} | {fmt_value(d, '+.4f')}" for v, d in zip(values, deltas))
         lines.append(f"| {variant} | {cells} |")
     return lines
 
 
 def _pareto_line(frame: pd.DataFrame) -> list[str]:
-    from .pareto import pareto_front
-    from .plots import footprint_bytes
-
-    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
-    if "perplexity" not in ok or ok["perplexity"].isna().all():
+    if not has_perplexity(frame):
         return []
-    front = [v for v, f in zip(ok["variant"], pareto_front(list(footprint_bytes(ok)), list(ok["perplexity"].astype(float)))) if f]
+    front = [v for v, on in pareto_variants(frame).items() if on]
     return ["", f"Pareto front of perplexity against weights + KV-cache bytes: {', '.join(front)}. "
             "Plots, the memory breakdown and the evidence table: [report.html](report.html)."]
 
 
-def _first_ok(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next((r for r in rows if r.get("status") == "ok"), rows[0] if rows else {})
-
-
 def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     recipe = manifest.get("recipe", {})
-    ok = _first_ok(rows)
+    ok = first_ok(rows)
     env = ok.get("environment") or manifest.get("environment", {})
     w = recipe.get("workload", {})
     lines = [
@@ -117,12 +96,12 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         "**config estimate MiB**: predicted from the model's config alone, before loading (`quantlab estimate`: "
         f"{ok.get('estimate_params_source') or 'the module tree'} × the format's byte formula).",
         "- **KV cache MiB**: measured from the cache's tensors after the timed generation "
-        f"({ok.get('kv_cache_tokens', '—')} positions); the format's formula gives {_num(ok.get('kv_cache_bytes_analytic'), ',')} "
-        f"bytes for the first row, the config estimate {_num(ok.get('kv_cache_bytes_estimate'), ',')}, "
-        f"measured {_num(ok.get('kv_cache_bytes'), ',')}.",
+        f"({ok.get('kv_cache_tokens', '—')} positions); the format's formula gives {fmt_value(ok.get('kv_cache_bytes_analytic'), ',')} "
+        f"bytes for the first row, the config estimate {fmt_value(ok.get('kv_cache_bytes_estimate'), ',')}, "
+        f"measured {fmt_value(ok.get('kv_cache_bytes'), ',')}.",
         f"- **peak MiB**: the larger of the prefill and decode peaks of that generation; method: {ok.get('peak_memory_method', '—')}.",
         f"- **roofline**: bytes one decode step must read (weights it touches + KV cache at the mean decode length) "
-        f"÷ the device's copy bandwidth ({_num(manifest.get('memory_bandwidth_bytes_per_s', float('nan')) / 1e9, '.1f')} GB/s, "
+        f"÷ the device's copy bandwidth ({fmt_value(manifest.get('memory_bandwidth_bytes_per_s', float('nan')) / 1e9, '.1f')} GB/s, "
         f"{manifest.get('memory_bandwidth_method', 'not measured')}), as a share of the measured step time.",
         f"- **latency**: engine `{ok.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache; "
         f"options {ok.get('engine_options') or '—'}), "

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import math
 from typing import Any
 
 import matplotlib
@@ -11,15 +10,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .pareto import pareto_front  # noqa: E402
-from .table import MIB  # noqa: E402
+from .table import MIB, column, footprint_bytes, has_perplexity, measured, pareto_variants  # noqa: E402
 
 _MPL = tuple(int(p) for p in matplotlib.__version__.split(".")[:2])
 STYLE = {"svg.hashsalt": "quantlab", "svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
          "axes.spines.right": False}
 
 
-def _svg(fig: Any) -> str:
+def to_svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": "quantlab"})
     plt.close(fig)
@@ -27,27 +25,14 @@ def _svg(fig: Any) -> str:
     return text[text.index("<svg"):]
 
 
-def _ok(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame["status"] == "ok"] if "status" in frame else frame
-
-
-def _col(frame: pd.DataFrame, name: str) -> pd.Series:
-    return frame[name] if name in frame else pd.Series([math.nan] * len(frame), index=frame.index)
-
-
-def footprint_bytes(frame: pd.DataFrame) -> pd.Series:
-    """Weights + KV cache at the first decode point: the bytes a deployment holds for the model."""
-    return _col(frame, "weight_bytes").astype(float) + _col(frame, "kv_cache_bytes").fillna(0).astype(float)
-
-
 def pareto_plot(frame: pd.DataFrame, baseline: str) -> str | None:
     """Perplexity against weight + KV bytes, the Pareto front joined and ringed."""
-    ok = _ok(frame)
-    if "perplexity" not in ok or ok["perplexity"].isna().all():
+    if not has_perplexity(frame):
         return None
+    ok = measured(frame)
     with plt.rc_context(STYLE):
         x, y = footprint_bytes(ok) / MIB, ok["perplexity"].astype(float)
-        front = pareto_front(list(x), list(y))
+        front = list(pareto_variants(ok).values())
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
         ax.scatter(x, y, color="#8a8a8a", zorder=2, label="variant")
         fx = [(a, b) for a, b, f in zip(x, y, front) if f]
@@ -64,7 +49,7 @@ def pareto_plot(frame: pd.DataFrame, baseline: str) -> str | None:
         ax.set_xlabel("weights + KV cache, MiB (measured)")
         ax.set_ylabel("perplexity")
         ax.legend(frameon=False, fontsize=8)
-        return _svg(fig)
+        return to_svg(fig)
 
 
 def latency_plot(rows: list[dict[str, Any]]) -> str | None:
@@ -90,7 +75,7 @@ def latency_plot(rows: list[dict[str, Any]]) -> str | None:
             ax.set_yticks(range(len(ok)), labels)
             ax.set_xlabel("decode ms per token (median, bar p10–p90; steps not kept)")
         ax.invert_yaxis()
-        return _svg(fig)
+        return to_svg(fig)
 
 
 def context_plot(rows: list[dict[str, Any]]) -> str | None:
@@ -107,28 +92,28 @@ def context_plot(rows: list[dict[str, Any]]) -> str | None:
         ax.set_xlabel("prompt tokens (context before decoding)")
         ax.set_ylabel("decode ms per token (median)")
         ax.legend(frameon=False, fontsize=7)
-        return _svg(fig)
+        return to_svg(fig)
 
 
 def memory_plot(frame: pd.DataFrame) -> str | None:
     """Left: weights and KV cache (measured, stacked) with the analytic figures marked. Right: the peak split into
     weights / KV cache / other (peak − both: activations, workspace and, on CPU, the runtime itself)."""
-    ok = _ok(frame)
+    ok = measured(frame)
     if ok.empty or "weight_bytes" not in ok:
         return None
     with plt.rc_context(STYLE):
         w = ok["weight_bytes"].astype(float) / MIB
-        kv = _col(ok, "kv_cache_bytes").fillna(0).astype(float) / MIB
-        peak = _col(ok, "peak_memory_bytes").astype(float) / MIB
+        kv = column(ok, "kv_cache_bytes").fillna(0).astype(float) / MIB
+        peak = column(ok, "peak_memory_bytes").astype(float) / MIB
         other = (peak - w - kv).clip(lower=0).fillna(0)
         ys = list(range(len(ok)))
         fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 0.42 * len(ok) + 1.4), sharey=True,
                                           gridspec_kw={"width_ratios": [3, 2]})
         left.barh(ys, w, color="#2c7fb8", label="weights")
         left.barh(ys, kv, left=w, color="#7fcdbb", label="KV cache")
-        left.scatter(_col(ok, "weight_bytes_analytic").astype(float) / MIB, ys, marker="|", s=220, color="black",
+        left.scatter(column(ok, "weight_bytes_analytic").astype(float) / MIB, ys, marker="|", s=220, color="black",
                      zorder=3, label="weights, analytic")
-        kv_analytic = _col(ok, "kv_cache_bytes_analytic").astype(float) / MIB
+        kv_analytic = column(ok, "kv_cache_bytes_analytic").astype(float) / MIB
         left.scatter(w + kv_analytic, ys, marker="|", s=220, color="#d95f0e", zorder=3, label="+ KV, analytic")
         left.set_xlabel("MiB held by the model and its cache")
         left.legend(frameon=False, fontsize=7, loc="lower right")
@@ -139,4 +124,4 @@ def memory_plot(frame: pd.DataFrame) -> str | None:
         right.legend(frameon=False, fontsize=7, loc="lower right")
         left.set_yticks(ys, list(ok["variant"]))
         left.invert_yaxis()
-        return _svg(fig)
+        return to_svg(fig)
