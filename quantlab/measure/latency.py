@@ -153,5 +153,5 @@ def measure_decode(
         "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype),
         "kv_cache_tokens": prompt_tokens + new_tokens,
     }
-    options = compile_options(device) if compiled else {"cache": "DynamicCache", "compiled": False}
+    options = compile_options(device) if compiled else {"cache": type(gen.cache).__name__, "compiled": False}
     return DecodeResult(statistics.median(prefills), steps, memory, engine, options)
