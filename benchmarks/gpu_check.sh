@@ -3,10 +3,15 @@
 #
 #     bash benchmarks/gpu_check.sh [OUT_DIR]
 #
-# 1. the GPU-marked tests (tinygemm against the dequantized reference, CUDA events, compiled decode);
-# 2. benchmarks/linear_kernels.py on CUDA: every matmul path against the dense bf16/fp32 matmul;
-# 3. benchmarks/decode.py for the Llama-3.1-8B shape (random weights), eager and compiled engines:
-#    tokens/s and share of the memory-bandwidth roofline, the figures to compare with published ones.
+# 1. gpu_tests: the GPU-marked tests (tinygemm and int8_cast_mm against the dequantized reference, CUDA
+#    events, compiled decode, GPTQModel's CUDA kernels where installed);
+# 2. decode: benchmarks/decode.py for the Llama-3.1-8B shape (random weights), eager and compiled engines:
+#    tokens/s and share of the memory-bandwidth roofline, the figures to compare with published ones;
+# 3. linear_kernels: benchmarks/linear_kernels.py on CUDA, every matmul path against the dense matmuls;
+# 4. linear_kernels_compiled: the same for 4096x14336 at batch 1 through torch.compile.
+#
+# Steps run in that order (most needed first), each under its own time limit (about 9 minutes in all);
+# STEPS="gpu_tests decode" runs a subset.
 #
 # quantlab must be importable (pip install -e . or PYTHONPATH=.); on an image without pydantic, put its
 # wheels in .whl/ (pydantic, pydantic_core, annotated_types, typing_inspection) and they are installed into
@@ -30,6 +35,13 @@ step() {  # step NAME SECONDS COMMAND...
   echo "== $name"
   timeout "$limit" "$@" 2>&1 | grep -v -e "_pytree.py" -e "Failed to load" | tee "$out/$name.log"
 }
-step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-step linear_kernels 150 python3 benchmarks/linear_kernels.py --device cuda --shapes 4096x4096 4096x14336 --batches 1 16
-step decode_llama31_8b 420 python3 benchmarks/decode.py --shape llama-3.1-8b --device cuda --formats bf16 int8 int4-g128 --engines eager compiled
+steps=" ${STEPS:-gpu_tests decode linear_kernels linear_kernels_compiled} "
+want() { [[ "$steps" == *" $1 "* ]]; }
+want gpu_tests && step gpu_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+want decode && step decode_llama31_8b 330 python3 benchmarks/decode.py --shape llama-3.1-8b --device cuda \
+  --formats bf16 int8 int4-g128 --engines eager compiled
+want linear_kernels && step linear_kernels 45 python3 benchmarks/linear_kernels.py --device cuda \
+  --shapes 4096x4096 4096x14336 --batches 1 16
+want linear_kernels_compiled && step linear_kernels_compiled 60 python3 benchmarks/linear_kernels.py --device cuda \
+  --shapes 4096x14336 --batches 1 --compile
+true

@@ -1,10 +1,13 @@
 """Time each quantized matmul path against the dense matmul it replaces.
 
-    python benchmarks/linear_kernels.py [--shapes 4096x4096 4096x14336] [--batches 1 16] [--device cpu]
+    python benchmarks/linear_kernels.py [--shapes 4096x4096 4096x14336] [--batches 1 16] [--device cpu] [--compile]
 
 For each shape (in x out), batch and path it prints the median time of a
 forward (after warm-up, device synchronized) and its ratio to the fp32 and
-bf16 dense matmuls of the same shape (speed-up > 1 is faster).
+bf16 dense matmuls of the same shape (speed-up > 1 is faster). ``--compile``
+times every forward, the dense ones included, through torch.compile with the
+compiled decode engine's options (on CUDA: CUDA graphs and gpt-fast's inductor
+flags), where casts and unpacking can fuse into the matmul.
 """
 from __future__ import annotations
 
@@ -12,11 +15,15 @@ import argparse
 import statistics
 import time
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from quantlab import UnsupportedError, quantize_tensor
 from quantlab.measure.device import resolve_device, synchronize
+from quantlab.measure.latency import compiled_step
 from quantlab.quant.kernels import KERNELS, choose_kernel
 
 CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int3-g128", 3, 128), ("int2-g64", 2, 64)]
@@ -35,15 +42,31 @@ def median_us(fn, device: torch.device, repeats: int) -> float:  # type: ignore[
     return statistics.median(times)
 
 
+class Dense(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+def runner(module: nn.Module, x: torch.Tensor, compile: bool) -> Callable[[], torch.Tensor]:
+    forward = compiled_step(module, x.device) if compile else module
+    return lambda: forward(x)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=["4096x4096", "4096x14336"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     p.add_argument("--device", default="auto")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--compile", action="store_true", help="time every forward through torch.compile")
     args = p.parse_args()
     device = resolve_device(args.device)
-    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}"
+          + (", torch.compile" if args.compile else ", eager"))
     print(f"{'shape':>12} {'batch':>5} {'path':<40} {'µs':>10} {'vs fp32':>8} {'vs bf16':>8}")
     for shape in args.shapes:
         n_in, out = (int(v) for v in shape.split("x"))
@@ -52,8 +75,8 @@ def main() -> None:
         for batch in args.batches:
             x = torch.randn(batch, n_in, device=device)
             x16 = x.bfloat16()
-            fp32 = median_us(lambda: F.linear(x, w), device, args.repeats)
-            bf16 = median_us(lambda: F.linear(x16, w16), device, args.repeats)
+            fp32 = median_us(runner(Dense(w), x, args.compile), device, args.repeats)
+            bf16 = median_us(runner(Dense(w16), x16, args.compile), device, args.repeats)
             rows = [("dense fp32", fp32), ("dense bf16", bf16)]
             for name, bits, group in CASES:
                 q = quantize_tensor(w, bits, group)
@@ -65,7 +88,8 @@ def main() -> None:
                     except UnsupportedError as e:
                         print(f"{shape:>12} {batch:>5} {name} {path}: skipped ({e})")
                         continue
-                    rows.append((f"{name} {kernel.path}", median_us(lambda: kernel(x16), device, args.repeats)))
+                    us = median_us(runner(kernel, x16, args.compile), device, args.repeats)
+                    rows.append((f"{name} {kernel.path}", us))
             for label, us in rows:
                 print(f"{shape:>12} {batch:>5} {label:<40} {us:>10.1f} {fp32 / us:>7.2f}x {bf16 / us:>7.2f}x")
 

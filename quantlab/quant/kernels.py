@@ -3,8 +3,9 @@
 Each kernel holds the tensors its path needs (converted once, at quantization
 time) in place of the generic packed layout, so the bytes measured are the
 bytes the matmul really reads. Preference: torch's int4 tinygemm (CUDA),
-torch's int4 CPU kernel, torch's int8 weight-only kernel, GPTQModel's kernels where
-installed (``kernel_gptqmodel``), dequantize+matmul.
+torch's int4 CPU kernel, int8 codes cast inside the matmul (CUDA, bfloat16),
+torch's int8 weight-only kernel, GPTQModel's kernels where installed (``kernel_gptqmodel``),
+dequantize+matmul.
 """
 from __future__ import annotations
 
@@ -147,6 +148,14 @@ class Int4CPUKernel(Int4Kernel):
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
 
 
+def tinygemm_inner_k_tiles(out_features: int, in_features: int) -> int | None:
+    """How many 16-wide k-tiles tinygemm packs per word row (8, 4 or 2, the widest the input divides into);
+    ``None`` for shapes it cannot take (rows in tiles of 8, the input in whole tile groups)."""
+    if out_features % 8:
+        return None
+    return next((tiles for tiles in (8, 4, 2) if in_features % (16 * tiles) == 0), None)
+
+
 class Int4TinyGemmKernel(Int4Kernel):
     """torch's CUDA ``_weight_int4pack_mm`` (tinygemm), bfloat16 activations."""
 
@@ -154,20 +163,23 @@ class Int4TinyGemmKernel(Int4Kernel):
 
     @classmethod
     def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
-        return device.type == "cuda" and dtype == torch.bfloat16 and super().supports(q, device, dtype)
+        return (device.type == "cuda" and dtype == torch.bfloat16 and tinygemm_inner_k_tiles(*q.shape) is not None
+                and super().supports(q, device, dtype))
 
     def _pack(self, codes: torch.Tensor) -> torch.Tensor:
         c = codes.to(torch.uint8)
-        return torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), 8)
+        tiles = tinygemm_inner_k_tiles(*self.shape)
+        return torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), tiles)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int4pack_mm(x, self.packed, self.group, self.scales_and_zeros)
+        return torch._weight_int4pack_mm(x.contiguous(), self.packed, self.group, self.scales_and_zeros)
 
 
 class Int8Kernel(Kernel):
     """torch's ``_weight_int8pack_mm``: int8 codes with one scale per output row.
 
     Asymmetric rows add ``scale * (128 - zero) * sum(x)``, since ``(q - z) = (q - 128) + (128 - z)``.
+    Preferred on CPU; on CUDA ``Int8CastKernel`` comes first.
     """
 
     path = "int8pack_mm"
@@ -198,18 +210,40 @@ class Int8Kernel(Kernel):
             w = w + self.offset.float()[:, None]
         return w.to(dtype)
 
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.codes, self.scales)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).to(self.scales.dtype)
-        y = torch._weight_int8pack_mm(x2, self.codes, self.scales)
+        y = self._matmul(x2)
         if self.offset is not None:
             y = y + x2.sum(-1, keepdim=True) * self.offset
         return y.reshape(*lead, -1).to(x.dtype)
 
 
+class Int8CastKernel(Int8Kernel):
+    """The int8 codes cast to the activation dtype inside the matmul: ``F.linear(x, q.to(x.dtype)) * s``.
+
+    The CUDA int8 weight-only form of gpt-fast and torchao. Eager, it is a cast plus a cuBLAS matmul;
+    under ``torch.compile`` inductor fuses the cast into the matmul, so the weight is read as int8 bytes
+    once. torch's CUDA ``_weight_int8pack_mm`` is an unfused extern kernel, about 9x slower than the
+    bf16 matmul at batch 1 on an H200. bfloat16 only: an fp16 sum of unscaled codes can overflow.
+    """
+
+    path = "int8_cast_mm"
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return q.bits == 8 and q.group_size is None and device.type == "cuda" and dtype == torch.bfloat16
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.codes.to(x.dtype)) * self.scales
+
+
 KERNELS: dict[str, type[Kernel]] = {
-    k.path: k for k in (Int4TinyGemmKernel, Int4CPUKernel, Int8Kernel, DequantKernel)
-}  # in order of preference
+    k.path: k for k in (Int4TinyGemmKernel, Int4CPUKernel, Int8CastKernel, Int8Kernel, DequantKernel)
+}  # in order of preference; device and dtype decide between the int8 ones
 
 
 def register_kernel(cls: type[Kernel], before: str) -> None:

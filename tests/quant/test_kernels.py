@@ -3,7 +3,8 @@ import torch
 
 from quantlab import gptq_quantize, quantize_tensor
 from quantlab.quant.kernel_gptqmodel import GPTQModelKernel, gptqmodel_available
-from quantlab.quant.kernels import DequantKernel, Int4CPUKernel, Int4TinyGemmKernel, Int8Kernel, choose_kernel
+from quantlab.quant.kernels import (KERNELS, DequantKernel, Int4CPUKernel, Int4TinyGemmKernel, Int8CastKernel, Int8Kernel,
+                                    choose_kernel, tinygemm_inner_k_tiles)
 
 CPU = torch.device("cpu")
 # Grouped shapes torch's kernels do not take go to GPTQModel's kernels where it is installed.
@@ -41,9 +42,10 @@ def test_kernel_choice_and_agreement_with_the_dequantized_reference(bits, group_
     assert _rel(kernel.dequantize(), q.dequantize()) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
-@pytest.mark.parametrize("cls", [Int4CPUKernel, Int8Kernel, DequantKernel])
+@pytest.mark.parametrize("cls", [Int4CPUKernel, Int8Kernel, Int8CastKernel, DequantKernel])
 def test_kernel_bytes_match_their_formula(cls) -> None:
-    q = quantize_tensor(_weight(), 8 if cls is Int8Kernel else 4, None if cls is Int8Kernel else 64)
+    int8 = issubclass(cls, Int8Kernel)
+    q = quantize_tensor(_weight(), 8 if int8 else 4, None if int8 else 64)
     kernel = cls(q) if cls is DequantKernel else cls(q, torch.bfloat16)
     held = sum(t.numel() * t.element_size() for t in kernel.buffers())
     assert held == kernel.analytic_nbytes()
@@ -67,11 +69,58 @@ def test_a_kernel_can_be_forced_and_batched_inputs_keep_their_shape() -> None:
     assert choose_kernel(q, CPU, torch.bfloat16)(torch.randn(2, 3, 512).bfloat16()).shape == (2, 3, 96)
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int8_cast_form_agrees_with_the_reference(symmetric: bool) -> None:
+    # The CUDA int8 path's arithmetic, run on CPU: codes cast to bf16, matmul, row scales (+ zero-point offset).
+    q = quantize_tensor(_weight(), 8, None, symmetric)
+    kernel = Int8CastKernel(q, torch.bfloat16)
+    x = _x(dtype=torch.bfloat16)
+    assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert _rel(kernel(x), Int8Kernel(q, torch.bfloat16)(x)) < 1e-2
+    assert (kernel.offset is None) == symmetric
+
+
+def _first_path(q, device: torch.device, dtype: torch.dtype) -> str:
+    return next(path for path, cls in KERNELS.items() if cls.supports(q, device, dtype))
+
+
+def test_int8_on_cuda_prefers_the_cast_form_for_bf16_and_cpu_keeps_torchs_kernel() -> None:
+    q = quantize_tensor(_weight(), 8, None)
+    cuda = torch.device("cuda")  # supports() only reads the device type; nothing runs on it
+    assert _first_path(q, cuda, torch.bfloat16) == "int8_cast_mm"
+    assert _first_path(q, cuda, torch.float16) == "int8pack_mm"  # an fp16 sum of raw codes could overflow
+    assert _first_path(q, CPU, torch.bfloat16) == "int8pack_mm"
+
+
+@pytest.mark.parametrize("shape,tiles", [((256, 1024), 8), ((256, 640), 8), ((256, 64), 4), ((256, 96), 2),
+                                         ((100, 1024), None), ((256, 48), None)])
+def test_tinygemm_takes_shapes_its_packing_accepts(shape, tiles) -> None:
+    assert tinygemm_inner_k_tiles(*shape) == tiles
+    q = quantize_tensor(_weight(*shape), 4, 32 if shape[1] % 64 else 64)
+    path = _first_path(q, torch.device("cuda"), torch.bfloat16)
+    assert (path == "int4_tinygemm_cuda") == (tiles is not None)
+
+
 @pytest.mark.gpu
-def test_tinygemm_on_cuda_agrees_with_the_reference() -> None:
+@pytest.mark.parametrize("shape,group", [((256, 1024), 128), ((256, 640), 128), ((64, 96), 32)])
+def test_tinygemm_on_cuda_agrees_with_the_reference(shape, group) -> None:
     dev = torch.device("cuda")
-    q = quantize_tensor(_weight(256, 1024).to(dev), 4, 128)
+    q = quantize_tensor(_weight(*shape).to(dev), 4, group)
     kernel = choose_kernel(q, dev, torch.bfloat16)
     assert isinstance(kernel, Int4TinyGemmKernel)
-    x = _x(1024, dtype=torch.bfloat16).to(dev)
+    x = _x(shape[1], dtype=torch.bfloat16).to(dev)
     assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert _rel(kernel.dequantize(), q.dequantize()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int8_cast_on_cuda_agrees_with_the_reference_eager_and_compiled(symmetric: bool) -> None:
+    dev = torch.device("cuda")
+    q = quantize_tensor(_weight(256, 1024).to(dev), 8, None, symmetric)
+    kernel = choose_kernel(q, dev, torch.bfloat16)
+    assert isinstance(kernel, Int8CastKernel)
+    x = _x(1024, dtype=torch.bfloat16).to(dev)
+    reference = x.float() @ q.dequantize().T
+    assert _rel(kernel(x), reference) < 2e-2
+    assert _rel(torch.compile(kernel)(x), reference) < 2e-2
