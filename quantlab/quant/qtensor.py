@@ -80,13 +80,17 @@ class QuantizedTensor:
             return torch.full(self.scales.shape, 1 << (self.bits - 1), dtype=torch.uint8, device=self.scales.device)
         return unpack(self.zeros, self.bits, self.n_groups)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        out, n_in = self.shape
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+        """The weight ``[out, in]`` as ``dtype``; ``rows`` selects a range of output rows."""
+        n_in = self.shape[1]
+        codes = unpack(self.packed[rows], self.bits, n_in)
+        scales, zeros = self.row_scales()[rows], self.row_zero_points()[rows]
         if self.g_idx is not None:  # columns belong to groups out of order: gather per column
             g = self.g_idx.long()
-            return dequantize_affine(self.codes().unsqueeze(-1), self.scales[:, g], self.zero_points()[:, g], dtype).squeeze(-1)
-        q = _grouped(self.codes(), self.n_groups * (self.group_size or n_in))
-        return dequantize_affine(q.reshape(out, self.n_groups, -1), self.scales, self.zero_points(), dtype).reshape(out, -1)[:, :n_in]
+            return dequantize_affine(codes.unsqueeze(-1), scales[:, g], zeros[:, g], dtype).squeeze(-1)
+        n = codes.shape[0]
+        q = _grouped(codes, self.n_groups * (self.group_size or n_in)).reshape(n, self.n_groups, -1)
+        return dequantize_affine(q, scales, zeros, dtype).reshape(n, -1)[:, :n_in]
 
     @staticmethod
     def analytic_nbytes(

@@ -124,3 +124,14 @@ def test_int8_cast_on_cuda_agrees_with_the_reference_eager_and_compiled(symmetri
     reference = x.float() @ q.dequantize().T
     assert _rel(kernel(x), reference) < 2e-2
     assert _rel(torch.compile(kernel)(x), reference) < 2e-2
+
+
+@pytest.mark.parametrize("bits,group_size", [(4, 128), (3, 64), (2, None)])
+def test_dequantize_kernel_in_row_blocks_on_cpu_matches_the_whole_weight(bits, group_size) -> None:
+    q = quantize_tensor(_weight(), bits, group_size)
+    kernel = DequantKernel(q)
+    kernel.cpu_block_elements = 7 * 512  # blocks of 7 rows: 96 rows end in a shorter block
+    x = _x(rows=6).reshape(2, 3, 512)
+    y = kernel(x)
+    assert y.shape == (2, 3, 96)
+    assert _rel(y, x @ q.dequantize().T) < 1e-6

@@ -118,3 +118,19 @@ def test_mse_clip_search_never_increases_the_group_error_and_helps_outliers() ->
 
     assert (err(clipped) <= err(plain) * (1 + 1e-6)).all()
     assert err(clipped).sum() < 0.95 * err(plain).sum()
+
+
+@pytest.mark.parametrize("kind", ["grouped", "short-last-group", "per-channel", "per-tensor", "act-order"])
+def test_a_range_of_rows_dequantizes_to_the_same_rows_of_the_whole(kind: str) -> None:
+    w = torch.randn(37, 200, generator=torch.Generator().manual_seed(3))
+    if kind == "act-order":
+        from quantlab import gptq_quantize
+
+        x = torch.randn(300, 200, generator=torch.Generator().manual_seed(4))
+        q = gptq_quantize(w, 2 * x.T @ x / 300, 4, 40, act_order=True)
+    else:
+        group = {"grouped": 40, "short-last-group": 64}.get(kind)
+        q = quantize_tensor(w, 3, group, per_tensor=kind == "per-tensor")
+    whole = q.dequantize(torch.bfloat16)
+    for rows in (slice(0, 5), slice(5, 36), slice(36, 37), slice(30, None)):
+        assert torch.equal(q.dequantize(torch.bfloat16, rows), whole[rows])
