@@ -187,6 +187,22 @@ def test_compiled_engine_decodes_over_a_static_cache(small_model_dir: Path, tmp_
     assert "engine `compiled`" in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.gpu
+def test_a_recipe_runs_on_cuda_through_the_fast_kernels(small_model_dir: Path, tmp_path: Path) -> None:
+    weights = ["bf16", {"format": "int8", "compute_dtype": "bfloat16"},
+               {"format": "int4", "group_size": 64, "compute_dtype": "bfloat16"}]
+    recipe = validate_recipe({**_small_recipe(small_model_dir, weights), "device": "cuda"})
+    rows = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")
+    assert [r["status"] for r in rows] == ["ok"] * 3, [r.get("error") for r in rows]
+    bf16, int8, int4 = rows
+    assert [r["kernel_path"] for r in rows] == ["dense", "int8_cast_mm", "int4_tinygemm_cuda"]
+    assert bf16["weight_bytes"] > int8["weight_bytes"] > int4["weight_bytes"]
+    assert all(r["weight_bytes"] == r["weight_bytes_analytic"] for r in rows)
+    assert all("max_memory_allocated" in r["peak_memory_method"] for r in rows)
+    assert all(0 < r["roofline_share"] <= 1.0 for r in rows)
+    assert abs(int8["perplexity"] / bf16["perplexity"] - 1) < 0.01
+
+
 DETERMINISTIC = ("variant", "variant_key", "status", "weight_bytes", "weight_bytes_analytic", "weight_bytes_estimate",
                  "kv_cache_bytes", "perplexity", "kernel_path")
 
