@@ -6,7 +6,7 @@
 # 1. gpu_tests: the GPU-marked tests (tinygemm and int8_cast_mm against the dequantized reference, a recipe
 #    run end to end on CUDA, allocator peaks, CUDA events, both decode engines, GPTQModel's CUDA kernels
 #    where installed);
-# 2. decode: benchmarks/decode.py for the Llama-3.1-8B shape (random weights), eager and compiled engines:
+# 2. decode: benchmarks/decode.py for the Llama-3.1-8B shape (random weights), compiled then eager engine:
 #    tokens/s and share of the memory-bandwidth roofline, the figures to compare with published ones;
 # 3. linear_kernels: benchmarks/linear_kernels.py on CUDA, every matmul path against the dense matmuls;
 # 4. linear_kernels_compiled: the same for 4096x14336 at batch 1 through torch.compile.
@@ -40,7 +40,7 @@ steps=" ${STEPS:-gpu_tests decode linear_kernels linear_kernels_compiled} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 want gpu_tests && step gpu_tests 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests
 want decode && step decode_llama31_8b 290 python3 benchmarks/decode.py --shape llama-3.1-8b --device cuda \
-  --formats bf16 int8 int4-g128 --engines eager compiled
+  --formats bf16 int8 int4-g128 --engines compiled eager
 want linear_kernels && step linear_kernels 40 python3 benchmarks/linear_kernels.py --device cuda \
   --shapes 4096x4096 4096x14336 --batches 1 16
 want linear_kernels_compiled && step linear_kernels_compiled 50 python3 benchmarks/linear_kernels.py --device cuda \
