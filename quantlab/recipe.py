@@ -173,6 +173,8 @@ class Recipe(Strict):
     baseline: str | None = Field(None, description="variant label of the baseline (default: the first)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     isolation: Literal["process", "none"] = Field("process", description="run each variant in its own process")
+    variant_timeout_s: float | None = Field(None, gt=0, description="stop a variant's process after this long; "
+                                            "it is recorded as failed and the run goes on (isolation: process)")
     seed: int = 0
 
     @model_validator(mode="after")
@@ -185,6 +187,8 @@ class Recipe(Strict):
             raise ValueError(f"two variants share the label '{dupes[0]}'; remove one")
         if self.baseline is not None and self.baseline not in labels:
             raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
+        if self.variant_timeout_s is not None and self.isolation != "process":
+            raise ValueError("variant_timeout_s needs isolation: process (a variant in this process cannot be stopped)")
         if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
             raise ValueError("evaluations need trained weights; a synthetic model has random ones")
         return self

@@ -148,8 +148,11 @@ def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
         spec.write_text(json.dumps(recipe.to_spec()))
         # On a terminal the worker's progress bars show through; otherwise its stderr is kept for the error line.
         stderr = None if sys.stderr.isatty() else subprocess.PIPE
-        proc = subprocess.run([sys.executable, "-m", "quantlab.worker", str(spec), str(index), str(out)],
-                              stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "quantlab.worker", str(spec), str(index), str(out)],
+                                  stdout=subprocess.DEVNULL, stderr=stderr, text=True, timeout=recipe.variant_timeout_s)
+        except subprocess.TimeoutExpired:  # run() has killed the worker
+            return _failed(recipe, variant, f"timed out after {recipe.variant_timeout_s:g} s (variant_timeout_s)")
         if out.is_file():
             return json.loads(out.read_text())
         lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]

@@ -87,6 +87,13 @@ def test_duplicate_labels_and_unknown_baseline(tmp_path: Path) -> None:
     assert "not a variant label" in _error(tmp_path, {**GOOD, "baseline": "bf16"}).message
 
 
+def test_variant_timeout_is_positive_and_needs_process_isolation(tmp_path: Path) -> None:
+    assert load_recipe(_write(tmp_path, {**GOOD, "variant_timeout_s": 600})).variant_timeout_s == 600
+    e = _error(tmp_path, {**GOOD, "variant_timeout_s": 0})
+    assert e.field == "variant_timeout_s" and "greater than 0" in e.message
+    assert "needs isolation: process" in _error(tmp_path, {**GOOD, "variant_timeout_s": 60, "isolation": "none"}).message
+
+
 def test_yaml_syntax_error_and_non_mapping(tmp_path: Path) -> None:
     assert "not valid YAML" in _error(tmp_path, "name: [unclosed\n").message
     assert "must be a YAML mapping" in _error(tmp_path, "- a\n- b\n").message

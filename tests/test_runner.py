@@ -92,6 +92,16 @@ def test_a_failing_variant_is_recorded_and_the_run_goes_on(small_model_dir: Path
     assert "**failed**: UnsupportedError" in (out / "report.md").read_text()
 
 
+def test_a_variant_past_its_time_limit_is_stopped_and_recorded(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32", "int8"]), "isolation": "process",
+                              "variant_timeout_s": 0.2})  # a worker cannot even import torch in 0.2 s
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = read_jsonl(out / "results.jsonl")
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all(r["error"] == "timed out after 0.2 s (variant_timeout_s)" for r in rows)
+    assert "timed out after 0.2 s" in (out / "report.md").read_text()
+
+
 def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
