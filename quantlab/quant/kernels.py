@@ -44,7 +44,7 @@ class DequantKernel(Kernel):
 
     On CPU (eager) this goes a block of output rows at a time, so the dense block stays in cache and
     is reused from the heap instead of a fresh, page-faulting allocation the size of the whole weight
-    (about 5x faster for a 4096x4096 int4 weight on 2 cores). Elsewhere, and under torch.compile,
+    (3-6x faster for a 4096x4096 weight on 2 cores). Elsewhere, and under torch.compile,
     the whole weight at once.
     """
 

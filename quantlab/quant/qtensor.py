@@ -39,8 +39,11 @@ class QuantizedTensor:
         """Scales as ``[out, n_groups]`` (a per-tensor scale repeated on every row)."""
         return self.scales.expand(self.shape[0], -1)
 
-    def row_zero_points(self) -> torch.Tensor:
-        return self.zero_points().expand(self.shape[0], -1)
+    def row_zero_points(self, rows: slice = slice(None)) -> torch.Tensor:
+        """Zero points as ``[out, n_groups]`` (or those of ``rows``), unpacking only the rows asked for."""
+        if self.zeros is None or self.per_tensor:
+            return self.zero_points().expand(self.shape[0], -1)[rows]
+        return unpack(self.zeros[rows], self.bits, self.n_groups)
 
     @property
     def symmetric(self) -> bool:
@@ -84,7 +87,7 @@ class QuantizedTensor:
         """The weight ``[out, in]`` as ``dtype``; ``rows`` selects a range of output rows."""
         n_in = self.shape[1]
         codes = unpack(self.packed[rows], self.bits, n_in)
-        scales, zeros = self.row_scales()[rows], self.row_zero_points()[rows]
+        scales, zeros = self.row_scales()[rows], self.row_zero_points(rows)
         if self.g_idx is not None:  # columns belong to groups out of order: gather per column
             g = self.g_idx.long()
             return dequantize_affine(codes.unsqueeze(-1), scales[:, g], zeros[:, g], dtype).squeeze(-1)
