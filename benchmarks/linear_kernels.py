@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-
 from typing import Callable
 
 import torch
@@ -22,24 +20,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from quantlab import UnsupportedError, quantize_tensor
-from quantlab.measure.device import resolve_device, synchronize
+from quantlab.measure.device import resolve_device, timed_ms
 from quantlab.measure.latency import compiled_step
-from quantlab.quant.kernels import KERNELS, choose_kernel
+from quantlab.quant.kernels import KERNELS, Kernel, choose_kernel
 
 CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int3-g128", 3, 128), ("int2-g64", 2, 64)]
 
 
-def median_us(fn, device: torch.device, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def median_us(fn: Callable[[], torch.Tensor], device: torch.device, repeats: int) -> float:
+    """Median of ``repeats`` timed calls after 3 warm-up ones (CUDA events on GPU)."""
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+    return 1e3 * statistics.median(timed_ms(fn, device)[1] for _ in range(repeats))
+
+
+def kernels_for(w: torch.Tensor, device: torch.device, shape: str) -> list[tuple[str, Kernel]]:
+    """Each case's weight stored for every path that takes it with bf16 activations."""
+    built = []
+    for name, bits, group in CASES:
+        q = quantize_tensor(w, bits, group)
+        for path, cls in KERNELS.items():
+            if not cls.supports(q, device, torch.bfloat16):
+                continue
+            try:
+                built.append((name, choose_kernel(q, device, torch.bfloat16, [path])))
+            except UnsupportedError as e:
+                print(f"{shape:>12} {name} {path}: skipped ({e})")
+    return built
 
 
 class Dense(nn.Module):
@@ -72,24 +79,15 @@ def main() -> None:
         n_in, out = (int(v) for v in shape.split("x"))
         w = torch.randn(out, n_in, device=device) * 0.02
         w16 = w.bfloat16()
+        kernels = kernels_for(w, device, shape)
         for batch in args.batches:
             x = torch.randn(batch, n_in, device=device)
             x16 = x.bfloat16()
             fp32 = median_us(runner(Dense(w), x, args.compile), device, args.repeats)
             bf16 = median_us(runner(Dense(w16), x16, args.compile), device, args.repeats)
             rows = [("dense fp32", fp32), ("dense bf16", bf16)]
-            for name, bits, group in CASES:
-                q = quantize_tensor(w, bits, group)
-                for path in KERNELS:
-                    if not KERNELS[path].supports(q, device, torch.bfloat16):
-                        continue
-                    try:
-                        kernel = choose_kernel(q, device, torch.bfloat16, [path])
-                    except UnsupportedError as e:
-                        print(f"{shape:>12} {batch:>5} {name} {path}: skipped ({e})")
-                        continue
-                    us = median_us(runner(kernel, x16, args.compile), device, args.repeats)
-                    rows.append((f"{name} {kernel.path}", us))
+            rows += [(f"{name} {kernel.path}", median_us(runner(kernel, x16, args.compile), device, args.repeats))
+                     for name, kernel in kernels]
             for label, us in rows:
                 print(f"{shape:>12} {batch:>5} {label:<40} {us:>10.1f} {fp32 / us:>7.2f}x {bf16 / us:>7.2f}x")
 

@@ -18,6 +18,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|`` in float32 (Frobenius norms)."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 def make_llama(**overrides: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 

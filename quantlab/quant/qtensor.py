@@ -40,8 +40,10 @@ class QuantizedTensor:
         return self.scales.expand(self.shape[0], -1)
 
     def row_zero_points(self, rows: slice = slice(None)) -> torch.Tensor:
-        """Zero points as ``[out, n_groups]`` (or those of ``rows``), unpacking only the rows asked for."""
-        if self.zeros is None or self.per_tensor:
+        """Zero points as ``[out, n_groups]`` (or those of ``rows``), built only for the rows asked for."""
+        if self.zeros is None:
+            return torch.full_like(self.row_scales()[rows], 1 << (self.bits - 1), dtype=torch.uint8)
+        if self.per_tensor:
             return self.zero_points().expand(self.shape[0], -1)[rows]
         return unpack(self.zeros[rows], self.bits, self.n_groups)
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import rel_error
 from quantlab import UnsupportedError, gptq_quantize, quantize_, quantize_tensor
 from quantlab.measure.memory import weight_bytes_by_component
 from quantlab.quant.kernel_gptqmodel import GPTQModelKernel
@@ -22,10 +23,6 @@ def _x(n_in: int = 512, rows: int = 5, dtype: torch.dtype = torch.bfloat16) -> t
     return torch.randn(rows, n_in, generator=torch.Generator().manual_seed(1)).to(dtype)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def test_gptqmodel_is_preferred_after_torchs_own_kernels_and_before_dequantize() -> None:
     order = list(KERNELS)
     assert order.index("int8pack_mm") < order.index("gptqmodel") < order.index("dequantize+matmul")
@@ -40,8 +37,8 @@ def test_gptqmodel_kernel_agrees_with_the_dequantized_reference(bits, group_size
     assert isinstance(kernel, GPTQModelKernel)
     assert kernel.path.startswith("gptqmodel:") and kernel.path.endswith(kernel.implementation)
     x = _x()
-    assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
-    assert _rel(kernel.dequantize(), q.dequantize()) < 2e-2
+    assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel.dequantize(), q.dequantize()) < 2e-2
     assert kernel(torch.randn(2, 3, 512).bfloat16()).shape == (2, 3, 128)
 
 
@@ -50,7 +47,7 @@ def test_act_order_weights_run_through_gptqmodel_with_their_g_idx() -> None:
     q = gptq_quantize(w, 2 * x.T @ x / 256, 2, 64, act_order=True)
     assert q.g_idx is not None
     kernel = choose_kernel(q, CPU, torch.bfloat16, ["gptqmodel"])
-    assert _rel(kernel(x.bfloat16()), x @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel(x.bfloat16()), x @ q.dequantize().T) < 2e-2
 
 
 def test_auto_choice_takes_gptqmodel_for_what_torchs_kernels_do_not_cover() -> None:
@@ -105,7 +102,7 @@ def test_a_recipe_format_can_select_the_gptqmodel_kernel() -> None:
     reference = model(x).float()
     quantize_(model, RTNFormat(bits=8, group_size=64, kernel="gptqmodel"), include=["*"])
     assert {layer.kernel_path.split(":")[0] for layer in model.modules() if isinstance(layer, QuantizedLinear)} == {"gptqmodel"}
-    assert _rel(model(x), reference) < 3e-2
+    assert rel_error(model(x), reference) < 3e-2
 
 
 @pytest.mark.gpu
@@ -115,4 +112,4 @@ def test_gptqmodel_kernel_on_cuda_agrees_with_the_reference(symmetric: bool) -> 
     q = quantize_tensor(_weight(256, 1024).to(dev), 4, 128, symmetric=symmetric)
     kernel = choose_kernel(q, dev, torch.float16, ["gptqmodel"])
     x = _x(1024, dtype=torch.float16).to(dev)
-    assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 2e-2

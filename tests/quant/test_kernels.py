@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from conftest import rel_error
 from quantlab import gptq_quantize, quantize_tensor
 from quantlab.quant.kernel_gptqmodel import GPTQModelKernel, gptqmodel_available
 from quantlab.quant.kernels import (KERNELS, DequantKernel, Int4CPUKernel, Int4TinyGemmKernel, Int8CastKernel, Int8Kernel,
@@ -19,10 +20,6 @@ def _x(n_in: int = 512, rows: int = 4, dtype: torch.dtype = torch.float32) -> to
     return torch.randn(rows, n_in, generator=torch.Generator().manual_seed(1)).to(dtype)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 @pytest.mark.parametrize("bits,group_size,symmetric,expected", [
     (4, 128, False, Int4CPUKernel), (4, 32, True, Int4CPUKernel), (4, None, False, Int4CPUKernel),
     (8, None, False, Int8Kernel), (8, None, True, Int8Kernel), (8, 128, False, GROUPED_FALLBACK),
@@ -37,9 +34,9 @@ def test_kernel_choice_and_agreement_with_the_dequantized_reference(bits, group_
     x = _x(dtype=dtype)
     reference = x.float() @ q.dequantize().T
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    assert _rel(kernel(x), reference) < tol
+    assert rel_error(kernel(x), reference) < tol
     assert kernel(x).dtype == dtype
-    assert _rel(kernel.dequantize(), q.dequantize()) < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert rel_error(kernel.dequantize(), q.dequantize()) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("cls", [Int4CPUKernel, Int8Kernel, Int8CastKernel, DequantKernel])
@@ -57,8 +54,8 @@ def test_act_order_tensor_runs_on_the_int4_kernel_with_a_column_order() -> None:
     q = gptq_quantize(w, 2 * x.T @ x / 256, 4, 64, act_order=True)
     kernel = choose_kernel(q, CPU, torch.bfloat16)
     assert isinstance(kernel, Int4CPUKernel) and kernel.column_order is not None
-    assert _rel(kernel(x.bfloat16()), x @ q.dequantize().T) < 2e-2
-    assert _rel(kernel.dequantize(), q.dequantize()) < 1e-2
+    assert rel_error(kernel(x.bfloat16()), x @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel.dequantize(), q.dequantize()) < 1e-2
 
 
 def test_a_kernel_can_be_forced_and_batched_inputs_keep_their_shape() -> None:
@@ -75,8 +72,8 @@ def test_int8_cast_form_agrees_with_the_reference(symmetric: bool) -> None:
     q = quantize_tensor(_weight(), 8, None, symmetric)
     kernel = Int8CastKernel(q, torch.bfloat16)
     x = _x(dtype=torch.bfloat16)
-    assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
-    assert _rel(kernel(x), Int8Kernel(q, torch.bfloat16)(x)) < 1e-2
+    assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel(x), Int8Kernel(q, torch.bfloat16)(x)) < 1e-2
     assert (kernel.offset is None) == symmetric
 
 
@@ -109,8 +106,8 @@ def test_tinygemm_on_cuda_agrees_with_the_reference(shape, group) -> None:
     kernel = choose_kernel(q, dev, torch.bfloat16)
     assert isinstance(kernel, Int4TinyGemmKernel)
     x = _x(shape[1], dtype=torch.bfloat16).to(dev)
-    assert _rel(kernel(x), x.float() @ q.dequantize().T) < 2e-2
-    assert _rel(kernel.dequantize(), q.dequantize()) < 1e-2
+    assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel.dequantize(), q.dequantize()) < 1e-2
 
 
 @pytest.mark.gpu
@@ -122,8 +119,8 @@ def test_int8_cast_on_cuda_agrees_with_the_reference_eager_and_compiled(symmetri
     assert isinstance(kernel, Int8CastKernel)
     x = _x(1024, dtype=torch.bfloat16).to(dev)
     reference = x.float() @ q.dequantize().T
-    assert _rel(kernel(x), reference) < 2e-2
-    assert _rel(torch.compile(kernel)(x), reference) < 2e-2
+    assert rel_error(kernel(x), reference) < 2e-2
+    assert rel_error(torch.compile(kernel)(x), reference) < 2e-2
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 128), (3, 64), (2, None)])
@@ -134,4 +131,4 @@ def test_dequantize_kernel_in_row_blocks_on_cpu_matches_the_whole_weight(bits, g
     x = _x(rows=6).reshape(2, 3, 512)
     y = kernel(x)
     assert y.shape == (2, 3, 96)
-    assert _rel(y, x @ q.dequantize().T) < 1e-6
+    assert rel_error(y, x @ q.dequantize().T) < 1e-6
