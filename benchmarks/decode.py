@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from quantlab import WEIGHT_FORMATS, quantize_
 from quantlab.kv import KV_FORMATS
-from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
+from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s
+from quantlab.measurements.roofline import Roofline
 from quantlab.measure.device import resolve_device
 from quantlab.measure.latency import measure_decode
 from quantlab.measure.memory import decode_weight_bytes_read
@@ -72,8 +73,8 @@ def run_engine(engine: str, args: argparse.Namespace, config: LlamaConfig, bandw
                                 prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmup_runs=1,
                                 prefill_repeats=1, seed=0, device=device, engine=engine)
         row = {**result.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
-               "prompt_tokens": args.prompt_tokens}
-        row.update(roofline(row, bandwidth))
+               "prompt_tokens": args.prompt_tokens, "memory_bandwidth_bytes_per_s": bandwidth}
+        row.update(Roofline().derive(row).model_dump())
         base = base or row["tokens_per_s"]
         print(f"{engine:<9} {name:<20} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e9:>10.3f} "
               f"{row['decode_ms_per_token']:>9.2f} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base:>7.2f}x "

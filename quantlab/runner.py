@@ -1,36 +1,29 @@
-"""Run a recipe: each variant loaded, quantized and measured (in its own process by default), then reported."""
+"""Run a recipe: claim each variant, load, quantize and measure it (in its own process by default), write its
+record, and rebuild the views. Any number of runs of one recipe can fill one folder together."""
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from .data import Text, calibration_samples, load_text
+from .claims import Claims, Heartbeat, owner
 from .environment import environment
 from .errors import QuantlabError
-from .estimate import Estimate, estimate_from_raw, read_raw_config
-from .kv import KVFormat
-from .measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
+from .fingerprint import describe, fingerprint_id, machine_fingerprint
+from .measure.bandwidth import BANDWIDTH_METHOD, copy_bandwidth_bytes_per_s
 from .measure.device import describe_device, resolve_device
-from .measure.latency import measure_decode
-from .measure.lm_eval_protocol import lm_eval_perplexity, lm_eval_tasks
-from .measure.memory import decode_weight_bytes_read, rss_bytes, weight_bytes_analytic, weight_bytes_by_component
-from .measure.perplexity import cache_perplexity, perplexity, tokenize
-from .models import LoadedModel, load_config, load_model, model_dtype_name, model_location
+from .measurements import VariantContext, enabled_measurements
+from .measurements.context import config_estimate
+from .models import load_config
 from .progress import progress
-from .quant import quantize_
-from .quant.format import Calibration
-from .recipe import PerplexityEval, Recipe, Variant, validate_recipe
-from .results import MANIFEST_FILE, ResultStore, atomic_write_text
+from .recipe import Recipe, Variant, validate_recipe
+from .records import RECORD_VERSION, RunFolder, now_iso, reusable, sleep, wait_s
+from .results import MANIFEST_FILE, atomic_write_text
 
 Log = Callable[[str], None]
 
@@ -39,97 +32,49 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _machine(recipe: Recipe) -> dict[str, str]:
-    """What a result row was measured on; resume reuses only rows of the same machine."""
-    return {"host": platform.node(), "device": describe_device(resolve_device(recipe.device))}
-
-
-def _base_row(recipe: Recipe, variant: Variant) -> dict[str, Any]:
+def _identity(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     return {
-        **_machine(recipe), "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
+        "record_version": RECORD_VERSION, "variant": variant.label, "variant_key": variant.key, "recipe": recipe.name,
         "model": recipe.model.label, "weight_format": variant.weight.label, "kv_format": variant.kv.label,
-        "batch_size": recipe.workload.points()[0][0], "prompt_tokens": recipe.workload.points()[0][1],
         "new_tokens": recipe.workload.new_tokens,
     }
 
 
-def _kernel_paths(model: torch.nn.Module) -> str:
-    paths = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")})
-    return ",".join(paths) or "dense"
-
-
-def _calibration(recipe: Recipe, loaded: LoadedModel) -> Calibration:
-    c = recipe.calibration
-    if loaded.tokenizer is None:  # synthetic weights: random tokens exercise the same path
-        g = torch.Generator().manual_seed(c.seed)
-        return Calibration([torch.randint(0, loaded.model.config.vocab_size, (1, c.seq_len), generator=g)
-                            for _ in range(c.samples)])
-    ids = tokenize(loaded.tokenizer, load_text(c.text))
-    return Calibration(calibration_samples(ids, c.samples, c.seq_len, c.seed), loaded.tokenizer)
-
-
-def _perplexity(ppl: PerplexityEval, model: torch.nn.Module, tokenizer: Any, kv: KVFormat,
-                device: torch.device) -> dict[str, Any]:
-    text = load_text(ppl.text)
-    ids = tokenize(tokenizer, text)
-    if ppl.max_tokens is not None and ids.numel() > ppl.max_tokens:
-        ids = ids[: ppl.max_tokens]
-        text = Text(f"{text.source}[:{ppl.max_tokens} tokens]", tokenizer.decode(ids))
-    if ppl.protocol == "kv-chunked":
-        return cache_perplexity(model, ids, text, kv, window_tokens=ppl.window_tokens, chunk_tokens=ppl.chunk_tokens,
-                                batch_size=ppl.batch_size, device=device)
-    if ppl.protocol == "lm-eval":
-        return lm_eval_perplexity(model, tokenizer, text, window_tokens=ppl.window_tokens, batch_size=ppl.batch_size,
-                                  device=device)
-    return perplexity(model, ids, text, protocol=ppl.protocol, window_tokens=ppl.window_tokens,
-                      stride_tokens=ppl.stride_tokens, batch_size=ppl.batch_size, device=device)
-
-
 def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
-    """Load, quantize and measure one variant in this process."""
+    """Load, quantize and run every enabled measurement of one variant in this process; returns the record's
+    body (identity, measurements by name, decode points)."""
     device = resolve_device(recipe.device)
-    row = _base_row(recipe, variant)
-    row.update(started_at=_now(), rss_before_load_bytes=rss_bytes())
+    body = {**_identity(recipe, variant), "device": describe_device(device), "started_at": now_iso()}
     start = time.perf_counter()
-    loaded = load_model(recipe.model, device, recipe.seed)
-    model = loaded.model
-    calibration = _calibration(recipe, loaded) if variant.weight.requires_calibration else None
-    report = quantize_(model, variant.weight, calibration)
-    components = weight_bytes_by_component(model)
-    row.update(
-        quantized_modules=len(report.replaced), kernel_path=_kernel_paths(model), quantize_s=round(time.perf_counter() - start, 3),
-        weight_bytes=sum(components.values()), weight_bytes_analytic=weight_bytes_analytic(model),
-        decode_weight_bytes_read=decode_weight_bytes_read(model),
-        **{f"weight_bytes_{k}": v for k, v in components.items()},
-    )
-    w = recipe.workload
-    points = []
-    for batch_size, prompt_tokens in progress(w.points(), "decode points (batch, prompt)"):
-        decode = measure_decode(model, variant.kv, batch_size=batch_size, prompt_tokens=prompt_tokens,
-                                new_tokens=w.new_tokens, warmup_runs=w.warmup_runs,
-                                prefill_repeats=w.prefill_repeats, seed=recipe.seed, device=device, engine=w.engine)
-        points.append({"batch_size": batch_size, "prompt_tokens": prompt_tokens, **decode.record(batch_size)})
-    row.update(points[0])
-    row["decode_points"] = points
-    ppl = recipe.evaluations.perplexity
-    if ppl is not None:
-        row.update(_perplexity(ppl, model, loaded.tokenizer, variant.kv, device))
-    if recipe.evaluations.lm_eval_tasks:
-        row.update(lm_eval_tasks(model, loaded.tokenizer, recipe.evaluations.lm_eval_tasks, device=device))
-    row.update(status="ok", error=None, wall_s=round(time.perf_counter() - start, 3), environment=environment())
-    return row
+    ctx = VariantContext(recipe, variant, device)
+    ctx.load_and_quantize()
+    enabled = enabled_measurements(recipe)
+    measurements: dict[str, Any] = {}
+    points: list[dict[str, Any]] = []
+    point_measurements = [(n, m) for n, m in enabled if m.scope == "point" and not m.derived]
+    for name, m in enabled:
+        if m.derived:
+            continue
+        if m.scope == "variant":
+            result = m.measure(ctx)
+            if result is not None:
+                measurements[name] = result.model_dump(mode="json")
+        elif not points:  # the point measurements run together, at the first one's place in the order
+            for batch, prompt in progress(recipe.workload.points(), "decode points (batch, prompt)"):
+                done = {n: pm.measure(ctx, (batch, prompt)) for n, pm in point_measurements}
+                points.append({"batch_size": batch, "prompt_tokens": prompt,
+                               "measurements": {n: r.model_dump(mode="json") for n, r in done.items() if r is not None}})
+    body.update(status="ok", error=None, measurements=measurements, points=points,
+                wall_s=round(time.perf_counter() - start, 3), environment=environment())
+    return body
 
 
 def _failed(recipe: Recipe, variant: Variant, error: str) -> dict[str, Any]:
-    return {**_base_row(recipe, variant), "status": "failed", "error": error, "finished_at": _now()}
+    return {**_identity(recipe, variant), "status": "failed", "error": error, "measurements": {}, "points": []}
 
 
 def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
-    """``measure_variant``, with any failure (out of memory, unsupported shape, ...) recorded as a failed row."""
+    """``measure_variant``, with any failure (out of memory, unsupported shape, ...) recorded as failed."""
     try:
         return measure_variant(recipe, variant)
     except KeyboardInterrupt:
@@ -144,7 +89,7 @@ def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
 def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
     variant = recipe.variants()[index]
     with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
-        spec, out = Path(tmp) / "recipe.json", Path(tmp) / "row.json"
+        spec, out = Path(tmp) / "recipe.json", Path(tmp) / "record.json"
         spec.write_text(json.dumps(recipe.to_spec()))
         # On a terminal the worker's progress bars show through; otherwise its stderr is kept for the error line.
         stderr = None if sys.stderr.isatty() else subprocess.PIPE
@@ -160,89 +105,109 @@ def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
         return _failed(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
 
 
-def _config_estimate(recipe: Recipe, config: Any, log: Log) -> Estimate | None:
-    """``quantlab estimate`` of the model, built once per run: the evidence table of its config (as the file
-    states it, where there is one) and the bytes it predicts for each variant."""
-    try:
-        raw, where = read_raw_config(model_location(recipe.model))
-    except QuantlabError:
-        raw, where = config.to_dict(), "the loaded config"  # e.g. a GGUF file: the config transformers built from it
-    try:
-        return estimate_from_raw(raw, where, [], [], seq_len=1, dtype=model_dtype_name(recipe.model, config),
-                                 dtype_source="the recipe's model.dtype, as loaded")
-    except Exception as e:  # noqa: BLE001 - the report then has no estimates; the measurements are unaffected
-        log(f"no config estimate ({type(e).__name__}: {e})")
-        return None
-
-
-def _add_config_estimates(row: dict[str, Any], estimate: Estimate | None, recipe: Recipe, variant: Variant) -> None:
-    """Put what the config alone predicts beside the measured weight and KV bytes."""
-    if estimate is None or row.get("status") != "ok":
-        return
-    points = row.get("decode_points") or []
-    positions = [(p["batch_size"], p.get("kv_cache_tokens") or p["prompt_tokens"] + recipe.workload.new_tokens) for p in points]
-    est = estimate.beside_measured(variant.weight, variant.kv, positions)
-    kv = est.pop("kv_cache_bytes_estimate")
-    row.update(est)
-    for point, kv_bytes in zip(points, kv):
-        point["kv_cache_bytes_estimate"] = kv_bytes
-    if points:
-        row["kv_cache_bytes_estimate"] = kv[0]
-
-
-def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr) -> Path:
-    """Run every variant not already finished in ``out_dir``, then write the report. Returns ``out_dir``."""
-    from .report import write_report
-
-    out_dir = Path(out_dir or Path("reports") / recipe.name)
-    config = load_config(recipe.model)  # fail before writing anything if the model cannot be found
+def _check_model(recipe: Recipe) -> None:
+    """Fail before writing anything if the model cannot be found or a KV format does not fit it."""
+    config = load_config(recipe.model)
     for i, kv in enumerate(recipe.kv_cache):
         problem = kv.check(config)
         if problem:
             raise QuantlabError(f"kv_cache[{i}] ({kv.label}): {problem}")
-    device = resolve_device(recipe.device)
+
+
+def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
+    """The run's description; views add ``complete`` and the fingerprints their rows were measured under."""
+    estimate = config_estimate(recipe.model)
     variants = recipe.variants()
-    keys = [v.key for v in variants]
-    store = ResultStore(out_dir)
-    stale = [k for k in store.rows if k not in keys]
-    for k in stale:
-        del store.rows[k]
-    if stale:
-        log(f"dropping {len(stale)} result rows of a different recipe from {out_dir}")
-    here = _machine(recipe)
-    elsewhere = [k for k, r in store.rows.items() if any(r.get(field) != value for field, value in here.items())]
-    for k in elsewhere:  # resume reuses this machine's rows only (e.g. not an example report from the repository)
-        del store.rows[k]
-    if elsewhere:
-        log(f"{len(elsewhere)} result rows in {out_dir} were measured on another machine: measuring them here")
-    bandwidth = copy_bandwidth_bytes_per_s(device)
-    log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
-    estimate = _config_estimate(recipe, config, log)
-    manifest = {
-        "memory_bandwidth_bytes_per_s": int(bandwidth),
-        "memory_bandwidth_method": "median of 5 copies of 256 MiB (read + write), device synchronized",
-        "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": keys,
-        "variants": [v.label for v in variants], "complete": False, "started_at": _now(), "environment": environment(),
+    return {
+        "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": [v.key for v in variants],
+        "variants": [v.label for v in variants], "complete": False, "sweep": sweep,
+        "measurements": [name for name, _ in enabled_measurements(recipe)],
         "model_evidence": [vars(e) for e in estimate.architecture.evidence] if estimate else [],
     }
-    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
-    store.flush()
-    for i, variant in enumerate(variants):
-        tag = f"[{i + 1}/{len(variants)}] {variant.label}"
-        if store.finished(variant.key):
-            log(f"{tag}: already measured, skipped")
-            continue
-        log(f"{tag}: running")
-        row = _measure_in_subprocess(recipe, i) if recipe.isolation == "process" else measure_variant_safely(recipe, variant)
-        row.update(roofline(row, bandwidth))
-        _add_config_estimates(row, estimate, recipe, variant)
-        for point in row.get("decode_points", []):
-            point.update(roofline({**point, "decode_weight_bytes_read": row["decode_weight_bytes_read"]}, bandwidth))
-        store.put(row)
-        log(f"{tag}: {row['status']}" + (f" ({row['error']})" if row["status"] != "ok" else ""))
-    manifest.update(complete=True, finished_at=_now())
-    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
-    write_report(out_dir)
+
+
+class _Sweep:
+    """This process's share of one sweep over the recipe's variants."""
+
+    def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, bandwidth: float, log: Log) -> None:
+        self.recipe, self.folder, self.sweep, self.bandwidth, self.log = recipe, folder, sweep, bandwidth, log
+        self.fingerprint = machine_fingerprint()
+        self.fid = fingerprint_id(self.fingerprint)
+        self.claims = Claims(folder.path)
+        self.told: set[str] = set()
+
+    def _tell_once(self, key: str, msg: str) -> None:
+        if key not in self.told:
+            self.told.add(key)
+            self.log(msg)
+
+    def _finish(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "sweep": self.sweep, "fingerprint": self.fingerprint, "fingerprint_id": self.fid,
+                "writer": owner(), "memory_bandwidth_bytes_per_s": int(self.bandwidth),
+                "memory_bandwidth_method": BANDWIDTH_METHOD, "finished_at": now_iso()}
+
+    def one_pass(self) -> dict[str, Any]:
+        """Measure every variant nobody has measured or is measuring; returns the keys other live processes hold."""
+        variants = self.recipe.variants()
+        held: dict[str, Any] = {}
+        for i, variant in enumerate(variants):
+            tag = f"[{i + 1}/{len(variants)}] {variant.label}"
+            why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+            if why:
+                self._tell_once(variant.key, f"{tag}: {why}")
+                continue
+            claim = self.claims.try_claim(variant.key)
+            if claim is None:
+                held[variant.key] = self.claims.current(variant.key)
+                continue
+            try:
+                why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+                if why:  # finished by another process between our look and our claim
+                    self._tell_once(variant.key, f"{tag}: {why}")
+                    continue
+                self.log(f"{tag}: running")
+                with Heartbeat(claim):
+                    body = (_measure_in_subprocess(self.recipe, i) if self.recipe.isolation == "process"
+                            else measure_variant_safely(self.recipe, variant))
+                self.folder.write_record(self._finish(body))
+                self.told.add(variant.key)
+                self.log(f"{tag}: {body['status']}" + (f" ({body['error']})" if body["status"] != "ok" else ""))
+            finally:
+                self.claims.release(claim)
+        return held
+
+    def run(self) -> None:
+        attempt = 0
+        while True:
+            held = self.one_pass()
+            if not held:
+                return
+            if attempt == 0:
+                who = sorted({c.describe() for c in held.values() if c is not None})
+                self.log(f"waiting for {len(held)} variant(s) being measured by other processes ({', '.join(who)})")
+            sleep(wait_s(attempt))
+            attempt += 1
+
+
+def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr) -> Path:
+    """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
+    other process running into the same folder), then rebuild the views. Returns ``out_dir``."""
+    from .report import write_report
+
+    out_dir = Path(out_dir or Path("reports") / recipe.name)
+    _check_model(recipe)
+    folder = RunFolder(out_dir)
+    folder.check_writable()
+    folder.convert_legacy(log)
+    sweep, started = folder.join_or_start_sweep()
+    device = resolve_device(recipe.device)
+    log(f"{'started' if started else 'joined'} sweep {sweep} in {out_dir} on {describe(machine_fingerprint())}")
+    bandwidth = copy_bandwidth_bytes_per_s(device)
+    log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(_manifest(recipe, sweep), indent=1))
+    _Sweep(recipe, folder, sweep, bandwidth, log).run()
+    folder.complete_sweep(sweep)
+    write_report(out_dir, log=log)
     return out_dir
 
 
@@ -250,6 +215,6 @@ def worker_main(argv: list[str]) -> int:
     """Entry point of a variant's own process: ``python -m quantlab.worker RECIPE.json INDEX OUT.json``."""
     spec_path, index, out_path = Path(argv[0]), int(argv[1]), Path(argv[2])
     recipe = validate_recipe(json.loads(spec_path.read_text()), str(spec_path))
-    row = measure_variant_safely(recipe, recipe.variants()[index])
-    atomic_write_text(out_path, json.dumps(row))
+    body = measure_variant_safely(recipe, recipe.variants()[index])
+    atomic_write_text(out_path, json.dumps(body))
     return 0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from quantlab.results import ResultStore, atomic_write_text, read_jsonl
+from quantlab.results import atomic_write_text
 
 
 def test_atomic_write_replaces_whole_files_with_ordinary_permissions(tmp_path: Path) -> None:
@@ -31,13 +31,3 @@ def test_a_failed_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(OSError):
         atomic_write_text(path, "lost\n")
     assert path.read_text() == "kept\n" and len(list(tmp_path.iterdir())) == 1
-
-
-def test_store_keeps_one_row_per_variant_key(tmp_path: Path) -> None:
-    store = ResultStore(tmp_path)
-    store.put({"variant_key": "a", "status": "failed"})
-    store.put({"variant_key": "b", "status": "ok"})
-    store.put({"variant_key": "a", "status": "ok"})  # a rerun replaces the failed row
-    rows = read_jsonl(tmp_path / "results.jsonl")
-    assert [(r["variant_key"], r["status"]) for r in rows] == [("a", "ok"), ("b", "ok")]
-    assert ResultStore(tmp_path).finished("a") and ResultStore(tmp_path).finished("b")

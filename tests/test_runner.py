@@ -113,17 +113,38 @@ def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: P
 
 
 def test_rows_measured_on_another_machine_are_measured_again(small_model_dir: Path, tmp_path: Path) -> None:
-    # An example report committed to a repository must not pass for the user's own measurement.
+    # An example report copied from elsewhere must not pass for the user's own measurement.
     recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
-    rows = read_jsonl(out / "results.jsonl")
-    rows[0]["host"] = "another-machine"
-    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = read_jsonl(out / "results.jsonl")
+    record_path = out / "records" / f"{first[0]['variant_key']}.json"
+    record = json.loads(record_path.read_text())
+    record["fingerprint_id"], record["fingerprint"]["host"] = "0" * 16, "another-machine"
+    record["memory_bandwidth_bytes_per_s"] = 1  # a figure that only this copy has
+    record_path.write_text(json.dumps(record))
     logs: list[str] = []
     run_recipe(recipe, out, log=logs.append)
-    assert any("1 result rows" in m and "another machine" in m for m in logs)
-    assert sum("already measured" in m for m in logs) == 1
-    assert {r["host"] for r in read_jsonl(out / "results.jsonl")} == {rows[1]["host"]}
+    assert any("started sweep 1" in m for m in logs)
+    assert sum("already measured" in m for m in logs) == 1 and sum(": running" in m for m in logs) == 1
+    rows = read_jsonl(out / "results.jsonl")
+    assert {r["fingerprint_id"] for r in rows} == {first[1]["fingerprint_id"]}
+    replaced = list((out / "records" / "replaced").iterdir())  # the other machine's record is kept aside, not lost
+    assert len(replaced) == 1 and json.loads(replaced[0].read_text())["fingerprint"]["host"] == "another-machine"
+
+
+def test_derived_figures_come_from_the_rows_own_inputs(small_model_dir: Path, tmp_path: Path) -> None:
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32"]))
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    row = read_jsonl(out / "results.jsonl")[0]
+    record_path = next((out / "records").glob("*.json"))
+    record = json.loads(record_path.read_text())
+    record["memory_bandwidth_bytes_per_s"] = row["memory_bandwidth_bytes_per_s"] // 2
+    record_path.write_text(json.dumps(record))
+    assert subprocess.run([sys.executable, "-m", "quantlab.cli", "report", str(out)], capture_output=True).returncode == 0
+    again = read_jsonl(out / "results.jsonl")[0]
+    assert again["roofline_decode_ms"] == pytest.approx(2 * row["roofline_decode_ms"], rel=1e-3)
+    assert again["roofline_share"] == pytest.approx(2 * row["roofline_share"], abs=2e-4)  # both rounded to 4 places
+    assert f"{record['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s" in (out / "report.md").read_text()
 
 
 def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path: Path) -> None:
@@ -259,15 +280,20 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     proc = subprocess.Popen([sys.executable, "-m", "quantlab.cli", "run", str(recipe), "--out", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
-    while not read_jsonl(out / "results.jsonl") and time.monotonic() < deadline:  # the first variant is done
-        time.sleep(0.2)
+    while not list((out / "claims").glob("*.json")) or len(list((out / "records").glob("*.json"))) < 1:
+        assert time.monotonic() < deadline, "the first variant never finished"
+        time.sleep(0.2)  # the first variant is done and the second claimed
     os.killpg(proc.pid, getattr(signal, signal_name))  # the whole group, as Ctrl-C or a kill would
     _, stderr = proc.communicate(timeout=120)
-    partial = read_jsonl(out / "results.jsonl")
+    partial = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
     assert len(partial) == 1 and partial[0]["status"] == "ok"  # killed while the second variant ran
     assert json.loads((out / "manifest.json").read_text())["complete"] is False
+    left = list((out / "claims").glob("*.json"))
     if signal_name == "SIGINT":
         assert proc.returncode == 130 and "run the same command again to resume" in stderr
+        assert left == []  # an interrupted process gives its claim back
+    else:
+        assert len(left) == 1  # a killed one cannot: its claim stays, with a dead owner
 
     resumed = _run_cli(recipe, out)
     assert resumed.returncode == 0, resumed.stderr
@@ -275,4 +301,26 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     rows = read_jsonl(out / "results.jsonl")
     assert len({r["variant_key"] for r in rows}) == len(rows) == 2  # no lost rows, no duplicates
     assert _kept(rows) == _kept(expected)
+    assert json.loads((out / "manifest.json").read_text())["complete"] is True
+    assert list((out / "claims").glob("*.json")) == []
+
+
+def test_two_concurrent_runs_share_the_variants_and_measure_each_once(small_model_dir: Path, tmp_path: Path) -> None:
+    import yaml
+
+    recipe = _small_recipe(small_model_dir, ["fp32", "bf16", "int8", {"format": "int4", "group_size": 64}])
+    recipe.update(isolation="process", evaluations={})
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "shared"
+    procs = [subprocess.Popen([sys.executable, "-m", "quantlab.cli", "run", str(path), "--out", str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    logs = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    ran = [line.split("]")[1].split(":")[0].strip() for log in logs for line in log.splitlines() if line.endswith(": running")]
+    assert sorted(ran) == sorted(["fp32", "bf16", "int8-pc-asym", "int4-g64-asym"])  # each measured exactly once
+    rows = read_jsonl(out / "results.jsonl")
+    assert len(rows) == len({r["variant_key"] for r in rows}) == 4 and all(r["status"] == "ok" for r in rows)
+    assert not (out / "records" / "replaced").exists()  # nobody rewrote anybody's record
+    assert len(list((out / "sweeps").glob("*.json"))) == 1  # both filled one sweep
     assert json.loads((out / "manifest.json").read_text())["complete"] is True

@@ -12,7 +12,8 @@ import torch
 
 from ..errors import QuantlabError
 from ..kv.format import KVFormat
-from ..quant.format import DTYPES, WeightFormat
+from ..dtypes import DTYPES
+from ..quant.format import WeightFormat
 from .evidence import ASSUMPTION, Architecture, Evidence, config_object, read_architecture, read_raw_config
 from .inventory import Inventory, from_formula, from_implementation
 

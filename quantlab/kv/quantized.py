@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from transformers import Cache, PretrainedConfig
 
 from ..errors import UnsupportedError
-from ..quant.format import DTYPES, SHORT_DTYPE
+from ..dtypes import DTYPES, SHORT_DTYPE
 from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
 from .packed import Codec, PackedKVLayer, PackedSlidingKVLayer
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..data import Text
 from ..errors import QuantlabError
+from .protocols import PERPLEXITY_PROTOCOLS, PerplexityProtocol
 
 TASK = "quantlab_rolling"
 TASK_YAML = """task: quantlab_rolling
@@ -86,6 +87,18 @@ def lm_eval_perplexity(model: nn.Module, tokenizer: Any, text: Text, *, window_t
             "lm_eval_version": getattr(lm_eval, "__version__", "unknown"),
         },
     }
+
+
+@PERPLEXITY_PROTOCOLS.register("lm-eval", "lm-evaluation-harness's loglikelihood_rolling: word perplexity (extra eval)")
+class LMEvalRolling(PerplexityProtocol):
+    def check(self, spec: Any) -> str | None:
+        if spec.stride_tokens not in (None, spec.window_tokens):
+            return "protocol lm-eval has stride = window; use protocol sliding for another stride"
+        return None
+
+    def run(self, model, tokenizer, ids, text, spec, kv, device):  # type: ignore[no-untyped-def]
+        return lm_eval_perplexity(model, tokenizer, text, window_tokens=spec.window_tokens, batch_size=spec.batch_size,
+                                  device=device)
 
 
 def lm_eval_tasks(model: nn.Module, tokenizer: Any, tasks: list[Any], *, device: torch.device) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from torch import nn
 from ..data import Text
 from ..errors import QuantlabError
 from ..progress import progress
+from .protocols import PERPLEXITY_PROTOCOLS, PerplexityProtocol
 
 
 def tokenize(tokenizer: Any, text: Text) -> torch.Tensor:
@@ -121,6 +122,46 @@ def cache_perplexity(
         scored += batch[:, 1:].numel()
     return _stamped(nll, scored, {"name": "kv-chunked", "window_tokens": window_tokens, "stride_tokens": window_tokens,
                                   "chunk_tokens": chunk_tokens, "kv_format": kv.label}, text)
+
+
+def _stride_is_window(name: str, spec: Any) -> str | None:
+    if spec.stride_tokens not in (None, spec.window_tokens):
+        return f"protocol {name} has stride = window; use protocol sliding for another stride"
+    return None
+
+
+@PERPLEXITY_PROTOCOLS.register("windows", "disjoint windows, each from an empty context (the GPTQ paper's)")
+class Windows(PerplexityProtocol):
+    def check(self, spec: Any) -> str | None:
+        return _stride_is_window("windows", spec)
+
+    def run(self, model, tokenizer, ids, text, spec, kv, device):  # type: ignore[no-untyped-def]
+        return perplexity(model, ids, text, protocol="windows", window_tokens=spec.window_tokens,
+                          batch_size=spec.batch_size, device=device)
+
+
+@PERPLEXITY_PROTOCOLS.register("sliding", "windows every stride_tokens, each token scored once (HF's fixed-length)")
+class Sliding(PerplexityProtocol):
+    def check(self, spec: Any) -> str | None:
+        if spec.stride_tokens is None or spec.stride_tokens > spec.window_tokens:
+            return "protocol sliding needs stride_tokens between 1 and window_tokens"
+        return None
+
+    def run(self, model, tokenizer, ids, text, spec, kv, device):  # type: ignore[no-untyped-def]
+        return perplexity(model, ids, text, protocol="sliding", window_tokens=spec.window_tokens,
+                          stride_tokens=spec.stride_tokens, batch_size=spec.batch_size, device=device)
+
+
+@PERPLEXITY_PROTOCOLS.register("kv-chunked", "disjoint windows fed chunk_tokens at a time through the KV cache")
+class KVChunked(PerplexityProtocol):
+    reads_kv_cache = True
+
+    def check(self, spec: Any) -> str | None:
+        return _stride_is_window("kv-chunked", spec)
+
+    def run(self, model, tokenizer, ids, text, spec, kv, device):  # type: ignore[no-untyped-def]
+        return cache_perplexity(model, ids, text, kv, window_tokens=spec.window_tokens, chunk_tokens=spec.chunk_tokens,
+                                batch_size=spec.batch_size, device=device)
 
 
 def protocol_summary(protocol: dict[str, Any]) -> str:

@@ -1,44 +1,73 @@
-"""Reports rebuilt from a run's results.jsonl and manifest.json."""
+"""Views of a run folder, rebuilt from its per-variant records: results.jsonl, results.csv, results.parquet,
+report.md, report.html and manifest.json."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 import pandas as pd
 
 from ..errors import QuantlabError
-from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text, read_jsonl
+from ..measurements import all_measurements
+from ..records import RunFolder
+from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text
+from ..views import IDENTITY, RUN_FIELDS, flat_row
 from .html import render_html
 from .markdown import render
-from .table import comparison, flatten, points_frame
+from .table import compared_columns, comparison, flatten, points_frame
 
 LIST_COLUMNS = ("decode_ms_samples",)  # kept in results.jsonl, not in the tables
 
 
-def write_report(out_dir: Path) -> Path:
-    """Write report.md, report.html, results.csv and results.parquet from the results in ``out_dir``;
-    returns the Markdown report's path."""
-    out_dir = Path(out_dir)
-    rows = read_jsonl(out_dir / RESULTS_FILE)
-    if not rows:
-        raise QuantlabError(f"{out_dir / RESULTS_FILE}: no results to report")
-    manifest_path = out_dir / MANIFEST_FILE
+def load_rows(out_dir: Path, log: Callable[[str], None] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The flat rows of a run folder in recipe order (converting an older results.jsonl folder first), and its
+    manifest with ``complete`` set from the records."""
+    folder = RunFolder(out_dir)
+    folder.convert_legacy(log or (lambda _: None))
+    records = folder.records()
+    manifest_path = Path(out_dir) / MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
-    order = manifest.get("variant_keys")
-    if order:
-        rank = {k: i for i, k in enumerate(order)}
-        rows = sorted(rows, key=lambda r: rank.get(r["variant_key"], len(rank)))
-    baseline = manifest.get("baseline") or rows[0]["variant"]
-    manifest.setdefault("baseline", baseline)
-    frame = comparison(flatten(rows), baseline)
-    ratios = [c for c in frame if c.endswith(("_ratio", "_delta"))]
-    points = points_frame(rows).merge(frame[["variant", *ratios]], on="variant", how="left")
-    table = points.drop(columns=[c for c in points if c.startswith("environment_") or c in LIST_COLUMNS])
+    order = manifest.get("variant_keys") or list(records)
+    rows = [flat_row(records[k], str(folder.record_path(k))) for k in order if k in records]
+    if not rows:
+        raise QuantlabError(f"{folder.records_dir}: no results to report")
+    manifest["complete"] = all(k in records for k in order)
+    manifest.setdefault("baseline", rows[0]["variant"])
+    return rows, manifest
+
+
+def csv_columns(table: pd.DataFrame, rows: list[dict[str, Any]]) -> list[str]:
+    """Identity first, then each measurement's fields and its ratios in registration order, then the run's fields."""
+    order = [*IDENTITY, "batch_size", "prompt_tokens"]
+    for _, m in all_measurements():
+        fields = list(m.result.model_fields) + [c.compare_field for c in m.columns_for(rows) if c.compare]
+        for f in fields:
+            order += [c for c in table.columns if c == f or c.startswith(f"{f}_")]
+    order += [c for c in table.columns if c in RUN_FIELDS or c.startswith("lm_eval_")]
+    seen: list[str] = []
+    for c in [*order, *table.columns]:
+        if c in table.columns and c not in seen and not c.startswith("environment_") and c not in LIST_COLUMNS:
+            seen.append(c)
+    return seen
+
+
+def write_report(out_dir: Path, log: Callable[[str], None] | None = None) -> Path:
+    """Rebuild every view of ``out_dir`` from its records; returns the Markdown report's path."""
+    out_dir = Path(out_dir)
+    rows, manifest = load_rows(out_dir, log)
+    baseline = manifest["baseline"]
+    frame = comparison(flatten(rows), baseline, rows)
+    compared = [c.compare_field for c in compared_columns(rows) if c.compare_field in frame]
+    points = points_frame(rows).merge(frame[["variant", *compared]], on="variant", how="left")
+    table = points[csv_columns(points, rows)]
+    atomic_write_text(out_dir / RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write_text(out_dir / "results.csv", table.to_csv(index=False))
     write_parquet(table, out_dir / "results.parquet")
     report = out_dir / "report.md"
     atomic_write_text(report, render(frame, rows, manifest))
     atomic_write_text(out_dir / "report.html", render_html(frame, rows, manifest))
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     return report
 
 
@@ -51,4 +80,4 @@ def write_parquet(table: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
-__all__ = ["write_report"]
+__all__ = ["load_rows", "write_report"]

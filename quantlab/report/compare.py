@@ -6,7 +6,6 @@ for the same variant label.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,36 +13,36 @@ from typing import Any
 import pandas as pd
 
 from ..errors import QuantlabError
-from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write_text, read_jsonl
-from .table import MIB, fmt_value
+from ..measurements import Column
+from ..results import atomic_write_text
+from .table import cell, compare_heading, delta_spec, fmt_value, sections
 
-FIGURES = [  # column, heading, format, comparison to the first run: "ratio" or "delta"
-    ("weight_bytes", "weights MiB", ".3f", "ratio"),
-    ("peak_memory_bytes", "peak MiB", ".1f", "ratio"),
-    ("tokens_per_s", "tokens/s", ".1f", "ratio"),
-    ("perplexity", "perplexity", ".3f", "delta"),
-]
+
+def figures(rows: list[dict[str, Any]]) -> list[Column]:
+    """The main table's columns that compare to a reference (ratio or delta), from the measurements' specs."""
+    return [c for c in sections(rows)[0].columns if c.compare]
 
 
 def load_runs(dirs: list[Path]) -> pd.DataFrame:
     """One row per run x variant (its first measurement point), with the run's name and device."""
+    from . import load_rows
+
     frames, names = [], []
     for d in dirs:
-        rows = read_jsonl(Path(d) / RESULTS_FILE)
-        if not rows:
-            raise QuantlabError(f"{Path(d) / RESULTS_FILE}: no results to compare")
-        manifest_path = Path(d) / MANIFEST_FILE
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        rows, manifest = load_rows(Path(d))
         name = f"{manifest.get('recipe', {}).get('name') or rows[0].get('recipe', '?')} @ {rows[0].get('device', '?')}"
         if name in names:  # same recipe on the same device twice: tell them apart by folder
             name = f"{name} ({Path(d).name})"
         names.append(name)
         frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("decode_points", "decode_ms_samples")} for r in rows])
+        frame.attrs["rows"] = rows
         frame.insert(0, "run", name)
         frame.insert(1, "run_dir", str(d))
         frame.insert(2, "align", [_alignment_key(r) for r in rows])
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True)
+    runs = pd.concat(frames, ignore_index=True)
+    runs.attrs["figures"] = figures([r for f in frames for r in f.attrs["rows"]])
+    return runs
 
 
 def _alignment_key(row: dict[str, Any]) -> str:
@@ -66,37 +65,41 @@ def aligned(runs: pd.DataFrame) -> pd.DataFrame:
         part = runs[(runs["run"] == run)].set_index("align")
         ok = part["status"] == "ok" if "status" in part else pd.Series(True, index=part.index)
         out[f"status@{run}"] = [part["status"][v] if v in part.index else "absent" for v in order]
-        for col, _, _, how in FIGURES:
+        for fig in runs.attrs["figures"]:
+            col = fig.field
             values = [float(part[col][v]) if v in part.index and col in part and ok[v] else math.nan for v in order]
             out[f"{col}@{run}"] = values
             if run != first:
                 base = out[f"{col}@{first}"]
-                out[f"{col}_vs_first@{run}"] = (pd.Series(values) / base) if how == "ratio" else (pd.Series(values) - base)
+                out[f"{col}_vs_first@{run}"] = (pd.Series(values) / base) if fig.compare == "ratio" else (pd.Series(values) - base)
+    out.attrs["figures"] = runs.attrs["figures"]
     return out
-
-
-def _value(col: str, x: float) -> float:
-    return x / MIB if col.endswith("_bytes") else x
 
 
 Section = tuple[str, list[str], list[list[str]]]  # heading, header, rows of formatted cells
 
 
+def heading_of(fig: Column) -> str:
+    return fig.heading.split(" (")[0]
+
+
 def _sections(table: pd.DataFrame, run_names: list[str]) -> list[Section]:
     """One table per figure that any run has: each run's value, then later runs against the first."""
-    sections = []
-    for col, heading, spec, how in FIGURES:
+    out = []
+    for fig in table.attrs["figures"]:
+        col = fig.field
         if all(table[f"{col}@{r}"].isna().all() for r in run_names):
             continue
-        header = ["variant"] + [f"{heading} [{i + 1}]" for i in range(len(run_names))]
-        header += [f"{'×' if how == 'ratio' else 'Δ'} [{i + 1}] vs [1]" for i in range(1, len(run_names))]
+        header = ["variant"] + [f"{fig.heading} [{i + 1}]" for i in range(len(run_names))]
+        header += [f"{compare_heading(fig, '[1]').split()[0]} [{i + 1}] vs [1]" for i in range(1, len(run_names))]
         rows = []
         for _, r in table.iterrows():
-            cells = [r["variant"]] + [fmt_value(_value(col, r[f"{col}@{n}"]), spec) for n in run_names]
-            cells += [fmt_value(r[f"{col}_vs_first@{n}"], ".3f" if how == "ratio" else "+.3f") for n in run_names[1:]]
+            plain = Column(col, fig.heading, fig.spec, fig.divide_by)  # the value alone, without its spread
+            cells = [r["variant"]] + [cell(lambda f, n=n: r[f"{f}@{n}"], plain) for n in run_names]
+            cells += [fmt_value(r[f"{col}_vs_first@{n}"], ".3f" if fig.compare == "ratio" else delta_spec(fig)) for n in run_names[1:]]
             rows.append(cells)
-        sections.append((heading, header, rows))
-    return sections
+        out.append((heading_of(fig), header, rows))
+    return out
 
 
 def _not_measured(table: pd.DataFrame, run_names: list[str]) -> str | None:

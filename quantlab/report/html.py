@@ -7,9 +7,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..measure.perplexity import protocol_summary
+from .markdown import how_obtained
 from .plots import context_plot, latency_plot, memory_plot, pareto_plot
-from .table import first_ok, fmt_mib, fmt_value, measured, pareto_variants, task_rows
+from .table import Section, cells, first_ok, fmt_value, header, measured, pareto_variants, sections
+from .text import machines_note, software_line
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -29,8 +30,8 @@ def html_table(header: list[str], rows: list[tuple[list[str], str]], left: int =
     """``rows``: (cells, css class). Cells are already escaped; the first ``left`` columns align left."""
     th = "".join(f'<th class="l">{h}</th>' if i < left else f"<th>{h}</th>" for i, h in enumerate(header))
     body = []
-    for cells, cls in rows:
-        tds = "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>" for i, c in enumerate(cells))
+    for row_cells, cls in rows:
+        tds = "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>" for i, c in enumerate(row_cells))
         body.append(f'<tr class="{cls}">{tds}</tr>')
     return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -41,25 +42,18 @@ def _figure(svg: str | None, ident: str, caption: str) -> str:
     return f'<figure id="{ident}">{svg}<figcaption>{esc(caption)}</figcaption></figure>'
 
 
-def _summary(frame: pd.DataFrame, baseline: str, front: dict[str, bool]) -> str:
+def _summary(frame: pd.DataFrame, baseline: str, front: dict[str, bool], section: Section) -> str:
     rows = []
+    width = len(header(section))
     for _, r in frame.iterrows():
-        get = r.get
         label = esc(r["variant"])
-        if get("status") != "ok":
-            rows.append(([label, "failed", f'<span class="l">{esc(get("error"))}</span>'] + [""] * 9, "failed"))
+        if r.get("status") != "ok":
+            rows.append(([label, "failed", f'<span class="l">{esc(r.get("error"))}</span>'] + [""] * (width - 1), "failed"))
             continue
         cls = "base" if r["variant"] == baseline else ""
         name = f'<span class="front">{label} ◆</span>' if front.get(r["variant"]) else label
-        rows.append(([
-            name, "ok", fmt_mib(get("weight_bytes")), fmt_value(get("weight_bytes_ratio"), ".3f"),
-            fmt_mib(get("peak_memory_bytes"), ".1f"), fmt_value(get("peak_memory_ratio"), ".3f"),
-            fmt_value(get("tokens_per_s"), ".1f"), fmt_value(get("tokens_per_s_ratio"), ".2f"), fmt_value(get("roofline_share"), ".1%"),
-            fmt_value(get("perplexity"), ".3f"), fmt_value(get("perplexity_delta"), "+.3f"), esc(get("kernel_path") or "—"),
-        ], cls))
-    header = ["variant", "status", "weights MiB", "× base", "peak MiB", "× base", "tokens/s", "× base", "roofline",
-              "perplexity", "Δ base", "kernel path"]
-    return html_table(header, rows)
+        rows.append(([name, "ok", *(esc(c) for c in cells(r.get, section))], cls))
+    return html_table(["variant", "status", *(esc(h) for h in header(section))], rows)
 
 
 def _gap(measured_bytes: Any, predicted_bytes: Any) -> str:
@@ -88,62 +82,40 @@ def _memory_table(frame: pd.DataFrame) -> str:
 def _points(rows: list[dict[str, Any]]) -> str:
     if not any(len(r.get("decode_points") or []) > 1 for r in rows):
         return ""
+    section = sections(rows, scope="point")[0]
+    body = [([esc(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), *(esc(c) for c in cells(p.get, section, compare=False))], "")
+            for r in rows if r.get("status") == "ok" for p in r.get("decode_points") or []]
+    head = ["variant", "batch", "prompt tokens", *(esc(h) for h in header(section, compare=False))]
+    return "<h2>Decode by batch size and context length</h2>" + html_table(head, body)
+
+
+def _sections(frame: pd.DataFrame, parts: list[Section]) -> str:
     out = []
-    for r in rows:
-        for p in r.get("decode_points") or []:
-            out.append(([esc(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), fmt_value(p.get("prefill_ms"), ".2f"),
-                         f"{fmt_value(p.get('decode_ms_per_token'), '.2f')} ({fmt_value(p.get('decode_ms_p10'), '.2f')}–{fmt_value(p.get('decode_ms_p90'), '.2f')})",
-                         fmt_value(p.get("tokens_per_s"), ".1f"), fmt_value(p.get("kv_cache_bytes"), ","),
-                         fmt_value(p.get("kv_cache_bytes_analytic"), ","), fmt_value(p.get("roofline_share"), ".1%")], ""))
-    header = ["variant", "batch", "prompt tokens", "prefill ms", "decode ms/token (p10–p90)", "tokens/s", "KV B",
-              "KV analytic B", "roofline"]
-    return "<h2>Decode by batch size and context length</h2>" + html_table(header, out)
+    for section in parts:
+        body = [([esc(r["variant"]), *(esc(c) for c in cells(r.get, section))], "") for _, r in measured(frame).iterrows()]
+        out.append(f"<h2>{esc(section.heading)}</h2>" + html_table(["variant", *(esc(h) for h in header(section))], body))
+    return "".join(out)
 
 
-def _tasks(frame: pd.DataFrame, baseline: str) -> str:
-    cols, rows = task_rows(frame, baseline)
-    if not cols:
-        return ""
-    header = ["variant"] + [h for c in cols for h in (esc(c.removeprefix("lm_eval_")), "Δ base")]
-    body = [([esc(v)] + [x for val, d in zip(values, deltas) for x in (fmt_value(val, ".4f"), fmt_value(d, "+.4f"))], "")
-            for v, values, deltas in rows]
-    return "<h2>lm-eval tasks</h2>" + html_table(header, body)
+ASSUMPTIONS = [
+    ("roofline bytes", "a decode step reads every weight it multiplies once (embedding tables: one row) and the whole "
+     "KV cache at the mean decode length; caches and reuse are ignored"),
+    ("peak memory scope", "on CPU the process's resident peak, so it includes the Python runtime and libraries; on "
+     "CUDA the allocator's peak, the CUDA context excluded"),
+]
 
 
 def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     ok = first_ok(rows)
-    env = ok.get("environment") or manifest.get("environment", {})
-    recipe = manifest.get("recipe", {})
-    w = recipe.get("workload", {})
     items: list[tuple[list[str], str]] = []
     for e in manifest.get("model_evidence") or []:
         items.append(([esc(e["meaning"]), esc(e["value"]), esc(e["kind"]), esc(e["source"])], ""))
-    proto = ok.get("perplexity_protocol") or {}
-    kernels = sorted({r.get("kernel_path") for r in rows if r.get("kernel_path")})
-    how_obtained = [
-        ("weight bytes", "measured", "bytes of every parameter and buffer after quantization, tied tensors once; "
-         "analytic from each format's formula; config estimate from the config alone"),
-        ("KV-cache bytes", "measured", f"the cache's tensors after the timed generation ({ok.get('kv_cache_tokens', '—')} positions)"),
-        ("peak memory", "measured", ok.get("peak_memory_method", "—")),
-        ("decode latency", "measured", f"engine {ok.get('engine', '—')} {ok.get('engine_options') or ''}; "
-         f"{w.get('warmup_runs')} warm-up generation(s), {w.get('new_tokens')} steps, device synchronized per step"),
-        ("roofline share", "measured + derived", f"bytes read per step ÷ copy bandwidth "
-         f"{fmt_value(manifest.get('memory_bandwidth_bytes_per_s', math.nan) / 1e9, '.1f')} GB/s "
-         f"({manifest.get('memory_bandwidth_method', 'not measured')}) ÷ step time"),
-        ("perplexity", "measured", protocol_summary(proto) if proto else "—"),
-        *[("lm-eval task", "measured", f"{t.get('task')}: {t.get('num_fewshot') or 0}-shot, limit {t.get('limit')}, "
-           f"{t.get('samples')} samples, lm-eval {t.get('lm_eval_version')}") for t in ok.get("lm_eval_tasks") or []],
-        ("kernel paths", "implementation", ", ".join(kernels) or "—"),
-        ("roofline bytes", "assumption", "a decode step reads every weight it multiplies once (embedding tables: one "
-         "row) and the whole KV cache at the mean decode length; caches and reuse are ignored"),
-        ("peak memory scope", "assumption", "on CPU the process's resident peak, so it includes the Python runtime and "
-         "libraries; on CUDA the allocator's peak, the CUDA context excluded"),
-        ("device", "environment", ok.get("device", "—")),
-        ("software", "environment", f"Python {env.get('python')}, torch {env.get('torch')}, transformers "
-         f"{env.get('transformers')}, quantlab commit {env.get('quantlab_commit') or 'unknown'}"),
-    ]
-    for name, kind, how in how_obtained:
-        items.append(([esc(name), "", esc(kind), esc(how)], ""))
+    for title, text in how_obtained(rows, manifest):
+        items.append(([esc(title), "", "measured" if title != "roofline" else "measured + derived", esc(text.replace("**", ""))], ""))
+    for name, text in ASSUMPTIONS:
+        items.append(([esc(name), "", "assumption", esc(text)], ""))
+    items.append((["device", "", "environment", esc(ok.get("device", "—"))], ""))
+    items.append((["software", "", "environment", esc(software_line(rows, manifest))], ""))
     return html_table(["figure", "value", "source", "where / how"], items, left=4)
 
 
@@ -152,6 +124,8 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
     recipe = manifest.get("recipe", {})
     baseline = manifest.get("baseline", "")
     front = pareto_variants(frame)
+    main, *own = sections(rows)
+    note = machines_note(rows)
     on_front = [v for v, f in front.items() if f]
     first = first_ok(rows)
     title = f"quantlab report: {recipe.get('name', first.get('recipe', '?'))}"
@@ -164,7 +138,8 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         f"<b>{esc(baseline)}</b>; {len(rows)} variants.</p>",
         "" if manifest.get("complete", True) else
         '<p class="banner">Incomplete run: some variants have not been measured yet; run the same command to resume.</p>',
-        "<h2>Summary</h2>", _summary(frame, baseline, front),
+        f'<p class="banner">{esc(note[-1].replace("**", "").replace("`", ""))}</p>' if note else "",
+        "<h2>Summary</h2>", _summary(frame, baseline, front, main),
         '<p class="note">× base: ratio to the baseline row. ◆: on the Pareto front of perplexity against weights + KV '
         "bytes. Failed variants keep their error.</p>",
         "<h2>Perplexity against bytes</h2>",
@@ -178,7 +153,7 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
                 "right: the peak of the generation split into weights, KV cache and the rest."),
         _memory_table(frame),
         _points(rows),
-        _tasks(frame, baseline),
+        _sections(frame, own),
         "<h2>Evidence</h2>",
         '<p class="note">Which figures the model\'s config file states, which the implementation decides, which are '
         "assumed and which were measured, on what.</p>",

@@ -1,20 +1,29 @@
-"""The comparison table: one row per variant, baseline first, ratios to the baseline."""
+"""The tables every view shares: flat rows as frames, ratios to the baseline, and cells formatted from the
+registered measurements' column specs (Markdown, HTML, CSV and ``quantlab compare`` all use these)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from ..measurements import Column, all_measurements
 from .pareto import pareto_front
 
 MIB = 1 << 20
 
 
+def missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def fmt_value(x: Any, spec: str) -> str:
     """``x`` formatted with ``spec``; a dash for a missing value (None or NaN)."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if missing(x):
         return "—"
+    if spec == "":
+        return str(x)
     if spec == "," and isinstance(x, float) and x.is_integer():
         x = int(x)  # byte counts read back through a float column
     return format(x, spec)
@@ -22,7 +31,85 @@ def fmt_value(x: Any, spec: str) -> str:
 
 def fmt_mib(x: Any, spec: str = ".3f") -> str:
     """Bytes as MiB; a dash for a missing value."""
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x / MIB, spec)
+    return "—" if missing(x) else format(x / MIB, spec)
+
+
+def cell(get: Any, col: Column) -> str:
+    """One column's value of a row (``get``: the row's ``get``), scaled, formatted, with its spread."""
+    value = get(col.field)
+    scaled = value / col.divide_by if col.divide_by != 1 and not missing(value) else value
+    text = fmt_value(scaled, col.spec)
+    if col.spread and not missing(value):
+        lo, hi = (get(f) for f in col.spread)
+        text += f" ({fmt_value(lo, col.spec)}–{fmt_value(hi, col.spec)})"
+    return text
+
+
+def delta_spec(col: Column) -> str:
+    """A delta in the column's own precision, signed."""
+    return "+" + (col.spec if col.spec and col.spec[0] == "." else ".3f")
+
+
+def compare_cell(get: Any, col: Column) -> str:
+    return fmt_value(get(col.compare_field), ".3f" if col.compare == "ratio" else delta_spec(col))
+
+
+def compare_heading(col: Column, against: str = "base") -> str:
+    return f"× {against}" if col.compare == "ratio" else f"Δ {against}"
+
+
+@dataclass
+class Section:
+    """A table of a report: which measurement columns it shows."""
+
+    heading: str | None  # None: the main table
+    columns: list[Column]
+
+
+def _present(rows: list[dict[str, Any]], fields: set[str]) -> bool:
+    return any(r.get("status") == "ok" and any(not missing(r.get(f)) for f in fields) for r in rows)
+
+
+def sections(rows: list[dict[str, Any]], scope: str = "variant") -> list[Section]:
+    """The main table's columns and each sectioned measurement's table, for the measurements these rows have.
+    ``scope="point"``: the per-point columns (the decode table)."""
+    main = Section(None, [])
+    out = [main]
+    for _, m in all_measurements():
+        cols = m.columns_for(rows)
+        if not cols:
+            continue
+        if scope == "point":
+            if m.scope == "point":
+                points = [p for r in rows for p in r.get("decode_points") or [] if r.get("status") == "ok"]
+                if _present([{**p, "status": "ok"} for p in points], {c.field for c in cols}):
+                    main.columns += cols
+            continue
+        if not _present(rows, {c.field for c in cols}):
+            continue
+        if m.section:
+            out.append(Section(m.section, cols))
+        else:
+            main.columns += [c for c in cols if c.summary]
+    return out if scope == "variant" else [main]
+
+
+def header(section: Section, compare: bool = True) -> list[str]:
+    out = []
+    for col in section.columns:
+        out.append(col.heading)
+        if col.compare and compare:
+            out.append(compare_heading(col))
+    return out
+
+
+def cells(get: Any, section: Section, compare: bool = True) -> list[str]:
+    out = []
+    for col in section.columns:
+        out.append(cell(get, col))
+        if col.compare and compare:
+            out.append(compare_cell(get, col))
+    return out
 
 
 def first_ok(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -76,34 +163,20 @@ def order_baseline_first(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return pd.concat([frame[first], frame[~first]], ignore_index=True)
 
 
-def comparison(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Add ratio columns against the baseline row (NaN when the baseline failed)."""
+def compared_columns(rows: list[dict[str, Any]]) -> list[Column]:
+    """Every column with a ratio or delta to the baseline, of the measurements these rows have."""
+    return [c for _, m in all_measurements() for c in m.columns_for(rows) if c.compare]
+
+
+def comparison(frame: pd.DataFrame, baseline: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Add ``<field>_ratio`` / ``<field>_delta`` against the baseline row (NaN when the baseline failed)."""
     frame = order_baseline_first(frame, baseline)
     base = frame[(frame["variant"] == baseline) & (frame["status"] == "ok")]
     out = frame.copy()
-    for col, ratio in (("weight_bytes", "weight_bytes_ratio"), ("peak_memory_bytes", "peak_memory_ratio"),
-                       ("tokens_per_s", "tokens_per_s_ratio"), ("decode_ms_per_token", "decode_ms_ratio")):
-        if col in out:
-            out[ratio] = out[col] / base[col].iloc[0] if len(base) else float("nan")
-    if "perplexity" in out:
-        out["perplexity_delta"] = out["perplexity"] - base["perplexity"].iloc[0] if len(base) else float("nan")
+    for col in compared_columns(rows):
+        if col.field not in out:
+            continue
+        values = pd.to_numeric(out[col.field], errors="coerce")
+        ref = float(pd.to_numeric(base[col.field], errors="coerce").iloc[0]) if len(base) else math.nan
+        out[col.compare_field] = values / ref if col.compare == "ratio" else values - ref
     return out
-
-
-def task_columns(frame: pd.DataFrame) -> list[str]:
-    """Metric columns of lm-eval tasks (``lm_eval_<task>_<metric>``), numeric ones only."""
-    return [c for c in frame.columns if c.startswith("lm_eval_") and not c.startswith("lm_eval_tasks")
-            and pd.api.types.is_numeric_dtype(frame[c])]
-
-
-def task_rows(frame: pd.DataFrame, baseline: str) -> tuple[list[str], list[tuple[str, list[float], list[float]]]]:
-    """(metric columns, [(variant, values, deltas to the baseline)]) for the measured variants."""
-    cols = task_columns(frame)
-    ok = measured(frame)
-    base = ok[ok["variant"] == baseline]
-    out = []
-    for _, r in ok.iterrows():
-        values = [float(r[c]) for c in cols]
-        deltas = [float(r[c]) - float(base[c].iloc[0]) if len(base) else float("nan") for c in cols]
-        out.append((r["variant"], values, deltas))
-    return cols, out

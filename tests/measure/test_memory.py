@@ -60,14 +60,3 @@ def test_decode_reads_a_tied_embedding_table_but_not_an_untied_one() -> None:
     table = 4096 * 128 * 4
     assert decode_weight_bytes_read(tied) == weight_bytes(tied)
     assert decode_weight_bytes_read(untied) == weight_bytes(untied) - table
-
-
-def test_roofline_share_from_bytes_and_bandwidth() -> None:
-    from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s, roofline
-
-    row = {"decode_ms_per_token": 2.0, "decode_weight_bytes_read": 1_000_000, "kv_cache_bytes": 40_000,
-           "kv_cache_tokens": 40, "decode_steps": 20, "prompt_tokens": 20}
-    out = roofline(row, 1e9)  # 1 GB/s: 1 MB of weights + 30 positions x 1 kB of cache = 1.03 ms
-    assert out["decode_bytes_read_per_step"] == 1_030_000
-    assert out["roofline_decode_ms"] == pytest.approx(1.03) and out["roofline_share"] == pytest.approx(0.515)
-    assert copy_bandwidth_bytes_per_s(torch.device("cpu"), nbytes=16 << 20) > 1e8

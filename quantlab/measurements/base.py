@@ -1,0 +1,130 @@
+"""The measurement interface: a registered class with a typed result, its report columns and its provenance.
+
+A measurement runs on a loaded, quantized variant (``measure``) or is derived from the figures recorded with
+its own row (``derive``: never from the run's current state, so a reused row and its report agree). Its
+result is a pydantic model whose field names carry units; ``columns`` say how Markdown, HTML, CSV and
+``quantlab compare`` show those fields. Register with ``@MEASUREMENTS.register(name, summary)``; a column
+naming a field its result does not have is an error at import time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..registry import Registry
+
+if TYPE_CHECKING:
+    from .context import VariantContext
+
+MIB = 1 << 20
+
+
+class Result(BaseModel):
+    """Base of measurement results: unknown fields are refused, so a renamed field fails loudly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Column:
+    """How one result field is shown. ``divide_by`` scales before formatting (bytes to MiB); ``spread`` names
+    two fields shown in parentheses after the value (p10–p90); ``compare`` adds ``<field>_ratio`` or
+    ``<field>_delta`` against the baseline (and against the first run in ``quantlab compare``)."""
+
+    field: str
+    heading: str
+    spec: str = ".3f"
+    divide_by: float = 1.0
+    compare: Literal["ratio", "delta"] | None = None
+    higher_is_better: bool | None = None
+    summary: bool = True  # in the main table (else only in the CSV and the per-point table)
+    spread: tuple[str, str] | None = None
+
+    @property
+    def compare_field(self) -> str | None:
+        return f"{self.field}_{self.compare}" if self.compare else None
+
+
+Scope = Literal["variant", "point"]
+
+
+class Measurement:
+    """Base of registered measurements."""
+
+    result: ClassVar[type[Result]]
+    scope: ClassVar[Scope] = "variant"
+    derived: ClassVar[bool] = False  # computed from the row's own recorded inputs when views are built
+    columns: ClassVar[tuple[Column, ...]] = ()
+    title: ClassVar[str] = ""  # the figure's name in "how these figures were obtained"
+    section: ClassVar[str | None] = None  # a heading: the columns get a table of their own instead of the main one
+
+    def enabled(self, recipe: Any) -> bool:
+        return True
+
+    def measure(self, ctx: "VariantContext", point: tuple[int, int] | None = None) -> Result | None:
+        """The result for this variant (``point``: the (batch, prompt) point of a point-scope measurement)."""
+        raise NotImplementedError
+
+    def derive(self, row: dict[str, Any]) -> Result | None:
+        """A derived measurement's result from the flat row (or point) it belongs to; None if inputs are missing."""
+        raise NotImplementedError
+
+    def flat(self, result: dict[str, Any]) -> dict[str, Any]:
+        """The result as flat view fields (results.jsonl, CSV); optional fields left empty are left out."""
+        return {k: v for k, v in result.items() if v is not None}
+
+    def unflat(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """This measurement's result from a flat row (the inverse of ``flat``; reads older results.jsonl rows)."""
+        found = {k: row[k] for k in self.result.model_fields if row.get(k) is not None}
+        return found or None
+
+    def columns_for(self, rows: list[dict[str, Any]]) -> list[Column]:
+        """The columns to show for these rows (fixed by default; lm-eval's depend on the tasks run)."""
+        return list(self.columns)
+
+    def provenance(self, row: dict[str, Any], rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str | None:
+        """One sentence: how the figures of the first measured row were obtained (None: nothing to say)."""
+        return None
+
+    def field_names(self) -> set[str]:
+        return set(self.result.model_fields)
+
+
+MEASUREMENTS: Registry[Measurement] = Registry("measurement")
+
+
+def check_columns(name: str, cls: type[Measurement]) -> None:
+    """Every column and spread names a field of the measurement's result model."""
+    fields = set(cls.result.model_fields)
+    for col in cls.columns:
+        for f in (col.field, *(col.spread or ())):
+            if f not in fields:
+                raise TypeError(f"measurement {name}: column {col.heading!r} names {f!r}, which "
+                                f"{cls.result.__name__} does not have (fields: {', '.join(sorted(fields))})")
+
+
+def register(name: str, summary: str):
+    """``@register("latency", "...")``: add a measurement class to ``MEASUREMENTS`` after checking its columns."""
+
+    def wrap(cls: type[Measurement]) -> type[Measurement]:
+        check_columns(name, cls)
+        MEASUREMENTS.add(name, cls, summary)
+        return cls
+
+    return wrap
+
+
+def enabled_measurements(recipe: Any) -> list[tuple[str, Measurement]]:
+    """(name, instance) of every measurement the recipe enables, in registration order."""
+    out = []
+    for entry in MEASUREMENTS.entries():
+        m = entry.build()
+        if m.enabled(recipe):
+            out.append((entry.name, m))
+    return out
+
+
+def all_measurements() -> list[tuple[str, Measurement]]:
+    return [(e.name, e.build()) for e in MEASUREMENTS.entries()]

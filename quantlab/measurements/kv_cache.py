@@ -1,0 +1,42 @@
+"""KV-cache bytes after the timed generation: measured from the cache's tensors, beside the formulas."""
+from __future__ import annotations
+
+from .base import MIB, Column, Measurement, Result, register
+
+
+class KVCacheBytes(Result):
+    kv_cache_bytes: int
+    kv_cache_bytes_analytic: int | None = None
+    kv_cache_bytes_estimate: int | None = None
+    kv_cache_tokens: int
+
+
+@register("kv_cache", "bytes the KV cache holds after the timed generation, beside its formula and the config's")
+class KVCache(Measurement):
+    result = KVCacheBytes
+    scope = "point"
+    title = "KV cache"
+    columns = (
+        Column("kv_cache_bytes", "KV cache MiB", ".3f", MIB, compare="ratio", higher_is_better=False),
+        Column("kv_cache_bytes_analytic", "KV analytic MiB", ".3f", MIB, summary=False),
+        Column("kv_cache_bytes_estimate", "KV config estimate MiB", ".3f", MIB, summary=False),
+    )
+
+    def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
+        batch, prompt = point
+        gen = ctx.generation(batch, prompt)
+        tokens = gen.memory["kv_cache_tokens"]
+        estimate = ctx.estimate
+        predicted = (estimate.beside_measured(ctx.variant.weight, ctx.variant.kv, [(batch, tokens)])["kv_cache_bytes_estimate"][0]
+                     if estimate else None)
+        return KVCacheBytes(kv_cache_bytes=gen.memory["kv_cache_bytes"],
+                            kv_cache_bytes_analytic=gen.memory["kv_cache_bytes_analytic"],
+                            kv_cache_bytes_estimate=predicted, kv_cache_tokens=tokens)
+
+    def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        def n(x: object) -> str:
+            return f"{x:,}" if isinstance(x, (int, float)) else "—"
+
+        return (f"measured from the cache's tensors after the timed generation ({row.get('kv_cache_tokens', '—')} "
+                f"positions); the format's formula gives {n(row.get('kv_cache_bytes_analytic'))} bytes for the first "
+                f"row, the config estimate {n(row.get('kv_cache_bytes_estimate'))}, measured {n(row.get('kv_cache_bytes'))}.")

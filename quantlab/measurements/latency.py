@@ -1,0 +1,44 @@
+"""Decode latency: prefill and per-token times after warm-up, the device synchronized around each step."""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Column, Measurement, Result, register
+
+
+class DecodeLatency(Result):
+    engine: str
+    engine_options: dict[str, Any] = {}  # empty in records older than the compiled engine
+    prefill_ms: float
+    decode_ms_per_token: float
+    decode_ms_p10: float
+    decode_ms_p90: float
+    decode_steps: int
+    decode_ms_samples: list[float] | None = None  # every timed step (older records kept the first point's only)
+    tokens_per_s: float
+
+
+@register("latency", "prefill and per-token decode time after warm-up, device synchronized")
+class Latency(Measurement):
+    result = DecodeLatency
+    scope = "point"
+    title = "latency"
+    columns = (
+        Column("prefill_ms", "prefill ms", ".2f", higher_is_better=False),
+        Column("decode_ms_per_token", "decode ms/token (p10–p90)", ".2f", higher_is_better=False,
+               spread=("decode_ms_p10", "decode_ms_p90")),
+        Column("tokens_per_s", "tokens/s", ".1f", compare="ratio", higher_is_better=True),
+    )
+
+    def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
+        record = ctx.generation(*point).record(batch_size=point[0])
+        return DecodeLatency(**{k: record[k] for k in DecodeLatency.model_fields})
+
+    def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        w = manifest.get("recipe", {}).get("workload", {})
+        return (f"engine `{row.get('engine', 'eager')}` (greedy loop over model.forward with the KV format's cache; "
+                f"options {row.get('engine_options') or '—'}), batch {row.get('batch_size')}, prompt "
+                f"{row.get('prompt_tokens')} tokens in the main table, {w.get('new_tokens')} decode steps after "
+                f"{w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "
+                "decode ms/token is the median step (p10–p90 beside it); the device is synchronized around every timed "
+                "step. tokens/s = batch × 1000 / median step.")

@@ -1,0 +1,68 @@
+"""lm-evaluation-harness tasks run on the in-memory quantized model: one column per task metric."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..measure.lm_eval_protocol import lm_eval_tasks
+from .base import Column, Measurement, Result, register
+
+
+class TaskResult(Result):
+    task: str
+    num_fewshot: int
+    limit: int | None = None
+    samples: int | None = None
+    lm_eval_version: str
+    metrics: dict[str, float]
+
+
+class LMEvalTasksResult(Result):
+    lm_eval_tasks: list[TaskResult]
+
+
+@register("lm_eval_tasks", "metrics of lm-evaluation-harness tasks (accuracy, ...) on the quantized model")
+class LMEvalTasks(Measurement):
+    result = LMEvalTasksResult
+    title = "lm-eval tasks"
+    section = "lm-eval tasks"
+
+    def enabled(self, recipe: Any) -> bool:
+        return bool(recipe.evaluations.lm_eval_tasks)
+
+    def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
+        flat = lm_eval_tasks(ctx.model, ctx.loaded.tokenizer, ctx.recipe.evaluations.lm_eval_tasks, device=ctx.device)
+        tasks = []
+        for t in flat["lm_eval_tasks"]:
+            prefix = f"lm_eval_{t['task']}_"
+            tasks.append(TaskResult(**t, metrics={k.removeprefix(prefix): v for k, v in flat.items() if k.startswith(prefix)}))
+        return LMEvalTasksResult(lm_eval_tasks=tasks)
+
+    def flat(self, result: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"lm_eval_tasks": [{k: v for k, v in t.items() if k != "metrics"} for t in result["lm_eval_tasks"]]}
+        for t in result["lm_eval_tasks"]:
+            for metric, value in t["metrics"].items():
+                out[f"lm_eval_{t['task']}_{metric}"] = value
+        return out
+
+    def unflat(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        tasks = row.get("lm_eval_tasks")
+        if not tasks:
+            return None
+        return {"lm_eval_tasks": [{**t, "metrics": {k.removeprefix(f"lm_eval_{t['task']}_"): v for k, v in row.items()
+                                                    if k.startswith(f"lm_eval_{t['task']}_")}} for t in tasks]}
+
+    def columns_for(self, rows: list[dict[str, Any]]) -> list[Column]:
+        names = []
+        for r in rows:
+            for t in r.get("lm_eval_tasks") or []:
+                for key in r:
+                    if key.startswith(f"lm_eval_{t['task']}_") and isinstance(r[key], (int, float)) and key not in names:
+                        names.append(key)
+        return [Column(n, n.removeprefix("lm_eval_"), ".4f", compare="delta") for n in names]
+
+    def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        tasks = row.get("lm_eval_tasks") or []
+        if not tasks:
+            return None
+        return "; ".join(f"{t.get('task')}: {t.get('num_fewshot') or 0}-shot, limit {t.get('limit')}, "
+                         f"{t.get('samples')} samples, lm-eval {t.get('lm_eval_version')}" for t in tasks) + "."

@@ -1,0 +1,123 @@
+"""Every registered measurement renders from its own column specs in Markdown, HTML and CSV."""
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import pandas as pd
+import pytest
+
+from quantlab.measurements import MEASUREMENTS, Column, Measurement, Result, all_measurements, register
+from quantlab.report import write_report
+from quantlab.views import flat_row
+
+PROTOCOL = {"name": "windows", "window_tokens": 64, "stride_tokens": 64, "scored_tokens": 100, "text": "t",
+            "text_sha256": "0" * 64}
+
+# One complete result per registered measurement. A new measurement adds its sample here (the test below fails
+# until it does), and every column it declares must then show up in every view.
+SAMPLES = {
+    "weights": {"weight_bytes": 4 << 20, "weight_bytes_analytic": 4 << 20, "weight_bytes_estimate": 4 << 20,
+                "estimate_params_source": "meta device", "weight_bytes_quantized_linear": 3 << 20,
+                "weight_bytes_linear": 0, "weight_bytes_embedding": 1 << 20, "weight_bytes_other": 0,
+                "decode_weight_bytes_read": 3 << 20, "quantized_modules": 7, "kernel_path": "int4pack_mm_cpu",
+                "quantize_s": 0.5},
+    "kv_cache": {"kv_cache_bytes": 65536, "kv_cache_bytes_analytic": 65536, "kv_cache_bytes_estimate": 65536,
+                 "kv_cache_tokens": 20},
+    "peak_memory": {"peak_memory_bytes": 90 << 20, "peak_prefill_bytes": 90 << 20, "peak_decode_bytes": 80 << 20,
+                    "peak_memory_method": "process peak RSS", "rss_before_load_bytes": 60 << 20,
+                    "peak_reserved_bytes": 96 << 20},
+    "latency": {"engine": "eager", "engine_options": {"compiled": False}, "prefill_ms": 3.0, "decode_ms_per_token": 2.0,
+                "decode_ms_p10": 1.9, "decode_ms_p90": 2.4, "decode_steps": 4, "decode_ms_samples": [1.9, 2.0, 2.0, 2.4],
+                "tokens_per_s": 500.0},
+    "perplexity": {"perplexity": 60.25, "perplexity_protocol": PROTOCOL},
+    "lm_eval_tasks": {"lm_eval_tasks": [{"task": "cont", "num_fewshot": 0, "limit": 10, "samples": 10,
+                                         "lm_eval_version": "0.4.13", "metrics": {"acc": 0.5}}]},
+}
+
+
+def _record(key: str, scale: float) -> dict:
+    measured = {n: m for n, m in all_measurements() if not m.derived}
+    variant = {n: json.loads(json.dumps(SAMPLES[n])) for n, m in measured.items() if m.scope == "variant"}
+    point = {n: json.loads(json.dumps(SAMPLES[n])) for n, m in measured.items() if m.scope == "point"}
+    variant["weights"]["weight_bytes"] = int(variant["weights"]["weight_bytes"] * scale)
+    variant["perplexity"]["perplexity"] *= 1 + (1 - scale)
+    return {"record_version": 2, "variant": key, "variant_key": key, "status": "ok", "error": None, "recipe": "r",
+            "model": "m", "weight_format": key, "kv_format": "native", "device": "cpu", "fingerprint_id": "f",
+            "sweep": 0, "memory_bandwidth_bytes_per_s": 10**10, "memory_bandwidth_method": "copy",
+            "measurements": variant, "points": [{"batch_size": 1, "prompt_tokens": p, "measurements": point} for p in (16, 32)]}
+
+
+def test_every_measurement_has_a_sample() -> None:
+    measured = {n for n, m in all_measurements() if not m.derived}
+    assert set(SAMPLES) == measured
+
+
+def test_flat_field_names_are_unique_across_measurements() -> None:
+    seen: dict[str, str] = {}
+    for name, m in all_measurements():
+        for field in m.result.model_fields:
+            assert field not in seen, f"{field} is in both {seen.get(field)} and {name}"
+            seen[field] = name
+
+
+@pytest.fixture
+def rendered(tmp_path: Path) -> Path:
+    (tmp_path / "records").mkdir()
+    for key, scale in (("base", 1.0), ("half", 0.5)):
+        (tmp_path / "records" / f"{key}.json").write_text(json.dumps(_record(key, scale)))
+    (tmp_path / "manifest.json").write_text(json.dumps({"variant_keys": ["base", "half"], "baseline": "base",
+                                                       "recipe": {"name": "r", "workload": {}}}))
+    write_report(tmp_path)
+    return tmp_path
+
+
+def test_every_column_of_every_measurement_is_in_markdown_html_and_csv(rendered: Path) -> None:
+    md = (rendered / "report.md").read_text()
+    page = (rendered / "report.html").read_text()
+    csv = pd.read_csv(rendered / "results.csv")
+    rows = [flat_row(json.loads(p.read_text())) for p in sorted((rendered / "records").glob("*.json"))]
+    for name, m in all_measurements():
+        columns = m.columns_for(rows)
+        for col in columns:  # (per-point columns outside the main table: in the table of decode points)
+            assert col.summary or m.scope == "point", (name, col.heading, "shown nowhere but the CSV")
+            assert col.heading in md, (name, col.heading)
+            assert col.heading.replace("–", "–") in page, (name, col.heading)
+            assert col.field in csv.columns, (name, col.field)
+            if col.compare:
+                assert col.compare_field in csv.columns, (name, col.compare_field)
+        flat = m.flat(SAMPLES[name]) if not m.derived else m.result.model_fields
+        for field in flat:  # every field reaches the CSV (nested ones as parent_child), lists results.jsonl
+            in_csv = any(c == field or c.startswith(f"{field}_") for c in csv.columns)
+            assert in_csv or isinstance(rows[0].get(field), list), (name, field)
+        title = m.title
+        assert f"**{title}**" in md, f"no provenance line for {name}"
+
+
+def test_ratios_and_deltas_follow_the_specs(rendered: Path) -> None:
+    csv = pd.read_csv(rendered / "results.csv")
+    csv = csv[csv["prompt_tokens"] == 16].set_index("variant")
+    assert csv.loc["half", "weight_bytes_ratio"] == pytest.approx(0.5)
+    assert csv.loc["half", "perplexity_delta"] == pytest.approx(30.125)
+    assert "| half | ok | 2.000 | 0.500 |" in (rendered / "report.md").read_text()
+
+
+def test_a_column_naming_a_missing_field_fails_at_registration() -> None:
+    class Small(Result):
+        speed_tokens_per_s: float
+
+    class Broken(Measurement):
+        result = Small
+        columns: ClassVar = (Column("speed_tokens_per_sec", "speed"),)
+
+    with pytest.raises(TypeError, match="speed_tokens_per_sec"):
+        register("broken", "a typo'd column")(Broken)
+    assert "broken" not in MEASUREMENTS
+
+
+def test_a_record_missing_a_field_is_an_error_not_a_dash(tmp_path: Path) -> None:
+    from quantlab import QuantlabError
+
+    record = _record("base", 1.0)
+    del record["measurements"]["weights"]["weight_bytes"]
+    with pytest.raises(QuantlabError, match="measurement 'weights': field 'weight_bytes': Field required"):
+        flat_row(record, "records/base.json")
