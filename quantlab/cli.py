@@ -12,9 +12,17 @@ def _run(args: argparse.Namespace) -> int:
     from .recipe import load_recipe
     from .runner import run_recipe
 
+    from .report import load_rows
+
     recipe = load_recipe(args.recipe)
     out = run_recipe(recipe, args.out)
     print(out / "report.md")
+    rows, _ = load_rows(out)
+    failed = [r for r in rows if r.get("status") != "ok"]
+    if failed:
+        print(f"quantlab: {len(failed)} of {len(rows)} variants failed (the report lists them): "
+              + "; ".join(f"{r['variant']}: {r.get('error')}" for r in failed), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -30,7 +38,7 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from .report.compare import compare_runs
 
-    print(compare_runs([Path(d) for d in args.dirs], args.out))
+    print(compare_runs([Path(d) for d in args.dirs], args.out, log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr)))
     return 0
 
 
@@ -92,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser("run", help="run a recipe and write its report",
                          description="Apply each variant of a recipe, measure it, and write results and a report. "
-                         "Variants already finished in the output folder are skipped (resume).")
+                         "Variants already finished in the output folder are skipped (resume); other runs into the "
+                         "same folder share the work.", epilog=EXIT_CODES)
     run.add_argument("recipe", help="recipe YAML file")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe name>)")
     run.set_defaults(func=_run)
@@ -127,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                              description="List every registered weight and KV-cache format with one line each.")
     formats.set_defaults(func=_formats)
     return parser
+
+
+EXIT_CODES = "exit status: 0 every variant measured; 1 some variant failed (results and report written); " \
+    "2 bad input (nothing measured); 130 interrupted (run the same command again to resume)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
 """Model loading: bundled, local folder, hub id, or a config with random (synthetic) weights."""
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -121,6 +123,22 @@ def _dtype(spec: ModelSpec, config: Any) -> torch.dtype:
     return DTYPES.get(str(declared), torch.float32)
 
 
+@contextlib.contextmanager
+def _loading_bar_only_on_a_terminal() -> Iterator[None]:
+    """transformers' "Loading weights" bar, like quantlab's own bars, only when stderr is a terminal; its global
+    switch is restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if was_enabled and not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
     """Load a causal LM with transformers' own loading code (or random weights when synthetic)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -131,11 +149,14 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 
     if spec.gguf_file:
         kwargs["gguf_file"] = spec.gguf_file
     if spec.synthetic:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code)
+        with torch.random.fork_rng(devices=[]):  # seeded weights; the caller's global RNG state is left as it was
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code)
         tokenizer = None
     else:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=spec.trust_remote_code, **kwargs)
+        with _loading_bar_only_on_a_terminal():
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+                                                         **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=spec.trust_remote_code, **kwargs)
     model.to(device).eval()
     model.requires_grad_(False)

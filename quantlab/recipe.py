@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .data import BUILTIN_TEXTS
 from .errors import QuantlabError, RecipeError
@@ -136,6 +136,11 @@ class Recipe(Strict):
     variant_timeout_s: float | None = Field(None, gt=0, description="stop a variant's process after this long; "
                                             "it is recorded as failed and the run goes on (isolation: process)")
     seed: int = 0
+    _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
@@ -283,10 +288,12 @@ def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = N
     _resolve_formats(data, "weights", WEIGHT_FORMATS, file)
     _resolve_formats(data, "kv_cache", KV_FORMATS, file)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as e:
         path, msg = first_error(e, Recipe)
         raise RecipeError(file, path, msg) from None
+    recipe._source = file
+    return recipe
 
 
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:

@@ -144,10 +144,14 @@ class RunFolder:
         rows = read_jsonl(legacy, log=log)
         for row in rows:
             self.write_record(record_from_flat_row(row))
-        manifest = self.path / MANIFEST_FILE
-        if rows and not manifest.is_file():  # keep the file's order and its first row as the baseline
-            atomic_write_text(manifest, json.dumps({"variant_keys": [r["variant_key"] for r in rows],
-                                                    "baseline": rows[0]["variant"]}, indent=1))
+        manifest_path = self.path / MANIFEST_FILE
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        keys = [r["variant_key"] for r in rows]
+        if rows and not set(keys) <= set(manifest.get("variant_keys") or []):
+            # every row of an older results.jsonl belonged to its last run: report them all, in the file's order
+            manifest.update(variant_keys=keys, variants=[r["variant"] for r in rows])
+            manifest.setdefault("baseline", rows[0]["variant"])
+            atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
         if rows:
             log(f"{legacy}: converted {len(rows)} rows to per-variant records in {self.records_dir}")
         return len(rows)

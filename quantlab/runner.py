@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from .claims import Claims, Heartbeat, owner
 from .environment import environment
-from .errors import QuantlabError
+from .errors import QuantlabError, RecipeError
 from .fingerprint import describe, fingerprint_id, machine_fingerprint
 from .measure.bandwidth import BANDWIDTH_METHOD, copy_bandwidth_bytes_per_s
 from .measure.device import describe_device, resolve_device
@@ -24,6 +24,7 @@ from .progress import progress
 from .recipe import Recipe, Variant, validate_recipe
 from .records import RECORD_VERSION, RunFolder, now_iso, reusable, sleep, wait_s
 from .results import MANIFEST_FILE, atomic_write_text
+from .views import flat_row
 
 Log = Callable[[str], None]
 
@@ -105,13 +106,44 @@ def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
         return _failed(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
 
 
+def position_limit(recipe: Recipe, config: Any) -> tuple[int | None, str]:
+    """The model's position limit and where it comes from (the config field that states it)."""
+    estimate = config_estimate(recipe.model)
+    fact = estimate.architecture.row("position limit") if estimate else None
+    if fact is not None and fact.value:
+        return int(fact.value), f"{fact.kind} field {fact.source}" if fact.kind == "file" else f"{fact.kind}: {fact.source}"
+    limit = getattr(config, "max_position_embeddings", None)
+    return (int(limit), "config max_position_embeddings") if limit else (None, "")
+
+
+def _check_lengths(recipe: Recipe, config: Any) -> None:
+    """Refuse a workload, perplexity window or calibration length beyond the model's position limit."""
+    limit, source = position_limit(recipe, config)
+    if limit is None:
+        return
+    w = recipe.workload
+    prompt = max(p for _, p in w.points())
+    if prompt + w.new_tokens > limit:
+        raise RecipeError(recipe.source, "workload.prompt_tokens", f"{prompt} + new_tokens {w.new_tokens} = "
+                          f"{prompt + w.new_tokens} positions exceed the model's position limit {limit} ({source})")
+    ppl = recipe.evaluations.perplexity
+    if ppl is not None and ppl.window_tokens > limit:
+        raise RecipeError(recipe.source, "evaluations.perplexity.window_tokens",
+                          f"{ppl.window_tokens} exceeds the model's position limit {limit} ({source})")
+    if any(w.requires_calibration for w in recipe.weights) and recipe.calibration.seq_len > limit:
+        raise RecipeError(recipe.source, "calibration.seq_len",
+                          f"{recipe.calibration.seq_len} exceeds the model's position limit {limit} ({source})")
+
+
 def _check_model(recipe: Recipe) -> None:
-    """Fail before writing anything if the model cannot be found or a KV format does not fit it."""
+    """Fail before writing anything if the model cannot be found, a KV format does not fit it, or the workload
+    asks for more positions than it has."""
     config = load_config(recipe.model)
     for i, kv in enumerate(recipe.kv_cache):
         problem = kv.check(config)
         if problem:
-            raise QuantlabError(f"kv_cache[{i}] ({kv.label}): {problem}")
+            raise RecipeError(recipe.source, f"kv_cache[{i}]", f"{kv.label}: {problem}")
+    _check_lengths(recipe, config)
 
 
 def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
@@ -142,9 +174,11 @@ class _Sweep:
             self.log(msg)
 
     def _finish(self, body: dict[str, Any]) -> dict[str, Any]:
+        after = copy_bandwidth_bytes_per_s(resolve_device(self.recipe.device))  # changed a lot: the machine was busy
         return {**body, "sweep": self.sweep, "fingerprint": self.fingerprint, "fingerprint_id": self.fid,
                 "writer": owner(), "memory_bandwidth_bytes_per_s": int(self.bandwidth),
-                "memory_bandwidth_method": BANDWIDTH_METHOD, "finished_at": now_iso()}
+                "memory_bandwidth_after_bytes_per_s": int(after), "memory_bandwidth_method": BANDWIDTH_METHOD,
+                "finished_at": now_iso()}
 
     def one_pass(self) -> dict[str, Any]:
         """Measure every variant nobody has measured or is measuring; returns the keys other live processes hold."""
@@ -169,9 +203,13 @@ class _Sweep:
                 with Heartbeat(claim):
                     body = (_measure_in_subprocess(self.recipe, i) if self.recipe.isolation == "process"
                             else measure_variant_safely(self.recipe, variant))
-                self.folder.write_record(self._finish(body))
+                record = self._finish(body)
+                self.folder.write_record(record)
                 self.told.add(variant.key)
                 self.log(f"{tag}: {body['status']}" + (f" ({body['error']})" if body["status"] != "ok" else ""))
+                noise = sorted({p["timing_noise"] for p in flat_row(record).get("decode_points") or [] if p.get("noisy")})
+                if noise:
+                    self.log(f"{tag}: timings {'; '.join(noise)} (flagged in the reports; rerun on a quiet machine)")
             finally:
                 self.claims.release(claim)
         return held

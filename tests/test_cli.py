@@ -1,5 +1,8 @@
+import json
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,80 @@ def test_estimate_bad_input_is_one_line_exit_2(argv: list[str], message: str, ca
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantlab.cli", *argv], capture_output=True, text=True, timeout=600)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("quantlab: error: ") and "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in last, (needle, last)
+
+
+def _recipe(tmp_path: Path, **fields) -> Path:
+    recipe = {"name": "r", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"], "device": "cpu",
+              "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1}, **fields}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def test_an_output_path_that_is_a_file_is_refused_before_measuring(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.write_text("not a folder")
+    proc = _cli("run", str(_recipe(tmp_path)), "--out", str(target))
+    _one_line_error(proc, str(target), "existing file")
+    assert "memory bandwidth" not in proc.stderr  # nothing was measured
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    target = Path("/proc/quantlab-out")  # even root cannot make a folder there
+    _one_line_error(_cli("run", str(_recipe(tmp_path)), "--out", str(target)), "cannot write the output folder")
+
+
+@pytest.mark.parametrize("fields,where", [
+    ({"workload": {"prompt_tokens": 1100, "new_tokens": 8}}, "workload.prompt_tokens: 1100 + new_tokens 8 = 1108"),
+    ({"evaluations": {"perplexity": {"window_tokens": 2048}}}, "evaluations.perplexity.window_tokens: 2048"),
+])
+def test_lengths_beyond_the_position_limit_are_refused_with_the_limit_and_its_source(tmp_path: Path, fields: dict, where: str) -> None:
+    path = _recipe(tmp_path, **fields)
+    start = time.monotonic()
+    proc = _cli("run", str(path), "--out", str(tmp_path / "out"))
+    _one_line_error(proc, f"{path}: {where}", "position limit 1024", "max_position_embeddings")
+    assert time.monotonic() - start < 120 and not (tmp_path / "out").exists()
+
+
+def test_a_failed_variant_makes_the_run_exit_1_with_the_report_written(tmp_path: Path, small_model_dir: Path) -> None:
+    broken = tmp_path / "no-weights"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(small_model_dir / name, broken / name)
+    path = _recipe(tmp_path, model={"path": str(broken)}, isolation="none")
+    proc = _cli("run", str(path), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 1, proc.stderr
+    assert "1 of 1 variants failed" in proc.stderr.strip().splitlines()[-1]
+    assert "**failed**" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_compare_warns_about_runs_with_different_workloads(tmp_path: Path) -> None:
+    from report.conftest import make_row, write_run
+
+    a = write_run(tmp_path / "a", "short", [make_row("fp32", 19.0, 58.5, 4.0)])
+    b = write_run(tmp_path / "b", "long", [make_row("fp32", 19.0, 58.5, 4.0)])
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["recipe"]["workload"]["prompt_tokens"] = 1100
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    proc = _cli("compare", str(a), str(b), "--out", str(tmp_path / "cmp"))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "warning" in ln]
+    assert len(warnings) == 1 and "workload.prompt_tokens differs: [1] 16; [2] 1100" in warnings[0]
+    assert "workload.prompt_tokens differs" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
+def test_estimate_notes_positions_beyond_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", str(CONFIGS / "gpt2.json"), "--seq-len", "4096"]) == 0
+    assert "4,096 positions exceed the position limit max_position_embeddings = 1,024" in capsys.readouterr().out

@@ -209,9 +209,13 @@ def test_every_batch_and_context_length_is_a_measurement_point(small_model_dir: 
 
 
 def test_compiled_engine_decodes_over_a_static_cache(small_model_dir: Path, tmp_path: Path) -> None:
+    import torch._inductor.config as inductor
+
     recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32"]), "evaluations": {},
                               "workload": {**WORKLOAD, "engine": "compiled"}})
+    before = inductor.get_config_copy()
     row = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")[0]
+    assert inductor.get_config_copy() == before  # the engine's inductor settings were scoped to its run
     assert row["status"] == "ok", row.get("error")
     assert row["engine"] == "compiled" and row["engine_options"]["mode"] in ("default", "reduce-overhead")
     assert row["kv_cache_bytes"] == row["kv_cache_bytes_analytic"]  # the static cache holds prompt + new tokens

@@ -15,12 +15,18 @@ def _bytes(n: int | None) -> list[str]:
     return [f"{n:,}", f"{n / GB:.3f}", f"{n / GIB:.5f}"]
 
 
+def _beyond_limit(est: Estimate) -> list[str]:
+    """A note when the positions asked for exceed the config's position limit."""
+    note = est.beyond_position_limit()
+    return [f"**Note**: {note}.", ""] if note else []
+
+
 def render_estimate(est: Estimate) -> str:
     a = est.architecture
     lines = [f"# Estimate: {est.source}", "",
              f"model_type `{a.model_type}`" + (f", transformers `{a.config_class}`" if a.config_class else "")
              + f"; batch {est.batch_size}, {est.seq_len_tokens:,} positions, unquantized tensors in {est.dtype}.", "",
-             "## Evidence", ""]
+             *_beyond_limit(est), "## Evidence", ""]
     lines += _table(["meaning", "value", "source", "where"], [[e.meaning, f"{e.value}", e.kind, e.source] for e in a.evidence])
     if a.not_interpreted:
         lines += ["", "**Not interpreted** (no field, default or rule establishes these; nothing was guessed):", ""]

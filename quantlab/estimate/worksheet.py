@@ -57,6 +57,16 @@ class Estimate:
     def param_count(self) -> int | None:
         return self.inventory.param_count if self.inventory else None
 
+    def beyond_position_limit(self) -> str | None:
+        """Why the stored positions exceed what the config allows, or None."""
+        limit = self.architecture.max_position_embeddings
+        if limit is None or self.seq_len_tokens <= limit:
+            return None
+        fact = self.architecture.row("position limit")
+        where = f" ({fact.kind}: {fact.source})" if fact else ""
+        return (f"{self.seq_len_tokens:,} positions exceed the position limit max_position_embeddings = {limit:,}{where}; "
+                "the model was not trained for them and may refuse them")
+
     def kv_formula(self) -> str | None:
         """The full and retained payload formula with this model's numbers, for one element size."""
         a = self.architecture
@@ -100,6 +110,7 @@ class Estimate:
             "params_source": inv.source if inv else None,
             "projections": {k: {"in": i, "out": o} for k, (i, o) in inv.projections.items()} if inv else None,
             "dtype": self.dtype, "batch_size": self.batch_size, "seq_len_tokens": self.seq_len_tokens,
+            "notes": [n for n in [self.beyond_position_limit()] if n],
             "weight_bytes": {w.label: w.bytes for w in self.weights},
             "weight_formats": [{**vars(w), "bits_per_quantized_weight": w.bits_per_quantized_weight} for w in self.weights],
             "kv_cache_bytes_full": {k.label: k.bytes_full for k in self.kv},

@@ -11,6 +11,7 @@ from transformers import Cache, PretrainedConfig
 
 from ..errors import UnsupportedError
 from .format import KV_FORMATS, KVFormat
+from .hf_compat import quantized_layer_tensors
 
 
 def tensor_bytes(x: object) -> int:
@@ -54,8 +55,8 @@ class HFQuantizedKV(KVFormat):
     def cache_bytes(self, cache: Cache) -> int:
         total = 0
         for layer in cache.layers:
-            for name in ("_quantized_keys", "_quantized_values", "keys", "values"):
-                total += tensor_bytes(getattr(layer, name, None))
+            for tensor in quantized_layer_tensors(layer):
+                total += tensor_bytes(tensor)
         return total
 
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> None:

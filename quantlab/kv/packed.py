@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ..quant.qtensor import QuantizedTensor, quantize_tensor
+from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]
 
@@ -180,7 +180,7 @@ class PackedKVLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            initialize_layer(self, key_states, value_states)
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)
         overflow = self.keys.shape[-2] - self.residual_tokens
@@ -250,12 +250,11 @@ class PackedSlidingKVLayer(DynamicSlidingWindowLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        before = self.cumulative_length
-        self.cumulative_length += key_states.shape[-2]
+            initialize_layer(self, key_states, value_states)
+        before = advance_window(self, key_states.shape[-2])
         keys, values = self.inner.update(key_states, value_states)
         visible = min(before, self.sliding_window - 1) + key_states.shape[-2]
-        self.inner.drop_before(self.cumulative_length - (self.sliding_window - 1))
+        self.inner.drop_before(window_position(self) - (self.sliding_window - 1))
         return keys[:, :, -visible:], values[:, :, -visible:]
 
     @property

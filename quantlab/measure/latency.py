@@ -7,6 +7,7 @@ does; compilation happens in the warm-up.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import statistics
 from dataclasses import dataclass, field
@@ -69,13 +70,17 @@ def compile_options(device: torch.device) -> dict[str, Any]:
 
 
 def compiled_step(model: nn.Module, device: torch.device) -> Callable[..., Any]:
+    """The model's forward under torch.compile with the engine's mode (compile within ``inductor_options``)."""
+    options = compile_options(device)
+    return torch.compile(model.forward, mode=options["mode"], dynamic=options["dynamic"])
+
+
+def inductor_options(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The engine's inductor settings for the duration of a ``with`` block, restored after it (the caller's
+    global inductor config is left as it was)."""
     import torch._inductor.config as inductor
 
-    options = compile_options(device)
-    for key, value in options["inductor"].items():
-        owner, _, name = key.rpartition(".")
-        setattr(getattr(inductor, owner) if owner else inductor, name, value)
-    return torch.compile(model.forward, mode=options["mode"], dynamic=options["dynamic"])
+    return inductor.patch(compile_options(device)["inductor"])
 
 
 class Generation:
@@ -122,8 +127,19 @@ def measure_decode(
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    ids = prompt_ids(model.config.vocab_size, batch_size, prompt_tokens, seed, device)
     compiled = engine == "compiled"
+    with inductor_options(device) if compiled else contextlib.nullcontext():
+        return _measure_decode(model, kv, batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                               warmup_runs=warmup_runs, prefill_repeats=prefill_repeats, seed=seed, device=device,
+                               compiled=compiled)
+
+
+def _measure_decode(
+    model: nn.Module, kv: KVFormat, *, batch_size: int, prompt_tokens: int, new_tokens: int,
+    warmup_runs: int, prefill_repeats: int, seed: int, device: torch.device, compiled: bool,
+) -> DecodeResult:
+    engine = "compiled" if compiled else "eager"
+    ids = prompt_ids(model.config.vocab_size, batch_size, prompt_tokens, seed, device)
     step = compiled_step(model, device) if compiled else None
     max_len = prompt_tokens + new_tokens if compiled else None
 

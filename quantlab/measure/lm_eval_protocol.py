@@ -101,26 +101,46 @@ class LMEvalRolling(PerplexityProtocol):
                                   device=device)
 
 
+def _task_with_absolute_data_files(manager: Any, task: str) -> str | dict[str, Any]:
+    """The task's config with relative ``dataset_kwargs.data_files`` made absolute against its YAML's folder (as a
+    config dict lm-eval accepts in place of a name); the name itself when there is nothing to resolve."""
+    entry = manager.task_index.get(task)
+    yaml_path = getattr(entry, "yaml_path", None)
+    if yaml_path is None:
+        return task
+    from lm_eval.tasks._yaml_loader import load_yaml  # the loader TaskManager itself uses (lm-eval is pinned)
+
+    config = load_yaml(Path(yaml_path).resolve(), resolve_func=True)
+    files = (config.get("dataset_kwargs") or {}).get("data_files")
+    if not files:
+        return task
+    base = Path(yaml_path).resolve().parent
+
+    def absolute(f: Any) -> Any:
+        if isinstance(f, str) and "://" not in f and not Path(f).is_absolute():
+            return str(base / f)
+        return [absolute(x) for x in f] if isinstance(f, list) else f
+
+    resolved = {k: absolute(v) for k, v in files.items()} if isinstance(files, dict) else absolute(files)
+    return {**config, "dataset_kwargs": {**config["dataset_kwargs"], "data_files": resolved}}
+
+
 def lm_eval_tasks(model: nn.Module, tokenizer: Any, tasks: list[Any], *, device: torch.device) -> dict[str, Any]:
     """Run lm-eval tasks (``task``, ``include_path``, ``num_fewshot``, ``limit``) on the in-memory model.
 
-    Each task runs with its include folder as the working directory, so a task YAML's relative
-    ``data_files`` resolve beside it. Metrics land as ``lm_eval_<task>_<metric>``.
+    A task YAML's relative ``data_files`` resolve beside the YAML (no change of working directory).
+    Metrics land as ``lm_eval_<task>_<metric>``.
     """
-    import contextlib
-    import os
-
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     out: dict[str, Any] = {}
     for spec in tasks:
         lm = _harness_model(model, tokenizer, getattr(model.config, "max_position_embeddings", 2048), spec.batch_size, device)
-        folder = spec.include_path or os.getcwd()
-        with contextlib.chdir(folder):
-            results = lm_eval.simple_evaluate(
-                model=lm, tasks=[spec.task], task_manager=TaskManager(include_path=spec.include_path),
-                num_fewshot=spec.num_fewshot, limit=spec.limit, log_samples=False, bootstrap_iters=0, verbosity="ERROR")
+        manager = TaskManager(include_path=spec.include_path)
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=[_task_with_absolute_data_files(manager, spec.task)], task_manager=manager,
+            num_fewshot=spec.num_fewshot, limit=spec.limit, log_samples=False, bootstrap_iters=0, verbosity="ERROR")
         if spec.task not in results["results"]:
             raise QuantlabError(f"lm-eval ran no task named {spec.task!r}")
         for key, value in results["results"][spec.task].items():

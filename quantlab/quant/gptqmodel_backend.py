@@ -1,17 +1,20 @@
 """GPTQ through GPTQModel (``pip install quantlab[gptq]``), so its solver can be compared with quantlab's.
 
-The model is saved to a scratch folder, quantized by GPTQModel on the same
-calibration token ids, written in the common GPTQ format, and read back into
-quantlab's QuantizedLinear layers, so both backends are measured the same way.
+The model is saved to a scratch folder, quantized by GPTQModel on the same calibration token ids in a
+process of its own (``gptqmodel_worker``: its logs, working directory and environment stay there),
+written in the common GPTQ format, and read back into quantlab's QuantizedLinear layers, so both
+backends are measured the same way.
 """
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -23,15 +26,15 @@ from .linear import QuantizedLinear
 from .gptq import GPTQSettings
 
 
-@contextlib.contextmanager
-def _inside(folder: Path) -> Iterator[None]:
-    """GPTQModel writes logs to the working directory: keep them in the scratch folder."""
-    previous = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
+def _quantize_in_subprocess(folder: Path, spec: dict[str, Any]) -> None:
+    """Run GPTQModel on ``spec`` with ``folder`` as its working directory; a failure is one line."""
+    (folder / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "GPTQMODEL_CPU_WORKERS": os.environ.get("GPTQMODEL_CPU_WORKERS", str(max(1, torch.get_num_threads())))}
+    proc = subprocess.run([sys.executable, "-m", "quantlab.quant.gptqmodel_worker", str(folder / "spec.json")],
+                          cwd=folder, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise UnsupportedError(f"GPTQModel failed (exit {proc.returncode}): {lines[-1] if lines else 'no message'}")
 
 
 @WEIGHT_FORMATS.register("gptqmodel", "GPTQ by the GPTQModel library (optional extra quantlab[gptq]); fields: bits, "
@@ -40,31 +43,24 @@ class GPTQModelFormat(GPTQSettings):
     backend_tag: ClassVar[str] = "gptqmodel"
 
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
-        try:
-            from gptqmodel import GPTQModel, QuantizeConfig
-        except ImportError:
-            raise UnsupportedError("weight format gptqmodel needs GPTQModel: pip install 'quantlab[gptq]'") from None
+        if importlib.util.find_spec("gptqmodel") is None:
+            raise UnsupportedError("weight format gptqmodel needs GPTQModel: pip install 'quantlab[gptq]'")
         from safetensors.torch import load_file
 
         if calibration is None or calibration.tokenizer is None:
             raise UnsupportedError("the gptqmodel backend needs calibration data with its tokenizer (not a synthetic model)")
         if self.per_tensor or self.clip != "none" or self.bits not in (2, 4, 8):
             raise UnsupportedError("gptqmodel backend: bits 2, 4 or 8, per channel or grouped, no clip search")
-        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, torch.get_num_threads())))
         device = next(model.parameters()).device
         with tempfile.TemporaryDirectory(prefix="quantlab-gptqmodel-") as tmp:
             src, out = Path(tmp) / "src", Path(tmp) / "out"
             model.save_pretrained(src)
             calibration.tokenizer.save_pretrained(src)
-            qcfg = QuantizeConfig(bits=self.bits, group_size=self.group_size or -1, desc_act=self.act_order,
-                                  sym=self.symmetric, damp_percent=self.damp, device="cpu" if device.type == "cpu" else None,
-                                  offload_to_disk=False)
+            config = {"bits": self.bits, "group_size": self.group_size or -1, "desc_act": self.act_order,
+                      "sym": self.symmetric, "damp_percent": self.damp,
+                      "device": "cpu" if device.type == "cpu" else None, "offload_to_disk": False}
             samples = [{"input_ids": ids[0].tolist(), "attention_mask": [1] * ids.shape[1]} for ids in calibration]
-            with _inside(Path(tmp)):
-                quantized = GPTQModel.load(str(src), qcfg)
-                quantized.quantize(samples)
-                quantized.save(str(out))
-                del quantized
+            _quantize_in_subprocess(Path(tmp), {"src": str(src), "out": str(out), "config": config, "samples": samples})
             tensors = load_file(out / "model.safetensors")
             checkpoint_format = json.loads((out / "quantize_config.json").read_text()).get("checkpoint_format", "gptq")
         details: dict[str, Any] = {}

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
 from ..errors import QuantlabError
 from ..measurements import Column
 from ..results import atomic_write_text
-from .table import cell, compare_heading, delta_spec, fmt_value, sections
+from .table import cell, compare_heading, delta_spec, first_ok, fmt_value, sections
 
 
 def figures(rows: list[dict[str, Any]]) -> list[Column]:
@@ -27,9 +27,10 @@ def load_runs(dirs: list[Path]) -> pd.DataFrame:
     """One row per run x variant (its first measurement point), with the run's name and device."""
     from . import load_rows
 
-    frames, names = [], []
+    frames, names, settings = [], [], []
     for d in dirs:
         rows, manifest = load_rows(Path(d))
+        settings.append(run_settings(rows, manifest))
         name = f"{manifest.get('recipe', {}).get('name') or rows[0].get('recipe', '?')} @ {rows[0].get('device', '?')}"
         if name in names:  # same recipe on the same device twice: tell them apart by folder
             name = f"{name} ({Path(d).name})"
@@ -42,7 +43,34 @@ def load_runs(dirs: list[Path]) -> pd.DataFrame:
         frames.append(frame)
     runs = pd.concat(frames, ignore_index=True)
     runs.attrs["figures"] = figures([r for f in frames for r in f.attrs["rows"]])
+    runs.attrs["differences"] = differences(settings)
     return runs
+
+
+def run_settings(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
+    """What must match for two runs' figures to be comparable: the workload and the perplexity protocol."""
+    first = first_ok(rows)
+    w = (manifest.get("recipe") or {}).get("workload") or {}
+    proto = first.get("perplexity_protocol") or {}
+    return {
+        "workload.batch_size": w.get("batch_size", first.get("batch_size")),
+        "workload.prompt_tokens": w.get("prompt_tokens", first.get("prompt_tokens")),
+        "workload.new_tokens": w.get("new_tokens", first.get("new_tokens")),
+        "workload.engine": w.get("engine", first.get("engine")),
+        "perplexity protocol": (f"{proto.get('name')}, window {proto.get('window_tokens')}, stride "
+                                f"{proto.get('stride_tokens')}, text sha256 {str(proto.get('text_sha256'))[:12]}")
+        if proto else None,
+    }
+
+
+def differences(settings: list[dict[str, Any]]) -> list[str]:
+    """One line per setting that differs between runs, with each run's value."""
+    out = []
+    for key in settings[0]:
+        values = [s.get(key) for s in settings]
+        if any(v != values[0] for v in values):
+            out.append(f"{key} differs: " + "; ".join(f"[{i + 1}] {v}" for i, v in enumerate(values)))
+    return out
 
 
 def _alignment_key(row: dict[str, Any]) -> str:
@@ -73,6 +101,7 @@ def aligned(runs: pd.DataFrame) -> pd.DataFrame:
                 base = out[f"{col}@{first}"]
                 out[f"{col}_vs_first@{run}"] = (pd.Series(values) / base) if fig.compare == "ratio" else (pd.Series(values) - base)
     out.attrs["figures"] = runs.attrs["figures"]
+    out.attrs["differences"] = runs.attrs.get("differences", [])
     return out
 
 
@@ -112,6 +141,9 @@ def _not_measured(table: pd.DataFrame, run_names: list[str]) -> str | None:
 def render_markdown(table: pd.DataFrame, run_names: list[str], dirs: list[Path]) -> str:
     lines = ["# quantlab comparison", "", "Runs (the first is the reference for ratios and deltas):", ""]
     lines += [f"{i + 1}. **{n}** — `{d}`" for i, (n, d) in enumerate(zip(run_names, dirs))]
+    if table.attrs.get("differences"):
+        lines += ["", "**The runs differ in settings that change the figures**, so ratios mix those changes in:", ""]
+        lines += [f"- {d}" for d in table.attrs["differences"]]
     for heading, header, rows in _sections(table, run_names):
         lines += ["", f"## {heading}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(cells) + " |" for cells in rows]
@@ -146,6 +178,9 @@ def render_html(table: pd.DataFrame, run_names: list[str], dirs: list[Path]) -> 
     body = ["<h1>quantlab comparison</h1>", "<p>Runs (the first is the reference for ratios and deltas):</p><ol>"]
     body += [f"<li><b>{esc(n)}</b> — <code>{esc(d)}</code></li>" for n, d in zip(run_names, dirs)]
     body.append("</ol>")
+    if table.attrs.get("differences"):
+        body.append('<div class="banner"><b>The runs differ in settings that change the figures</b>, so ratios mix '
+                    "those changes in:<ul>" + "".join(f"<li>{esc(d)}</li>" for d in table.attrs["differences"]) + "</ul></div>")
     for heading, header, rows in _sections(table, run_names):
         body += [f"<h2>{esc(heading)}</h2>", html_table([esc(h) for h in header], [([esc(c) for c in cells], "") for cells in rows])]
     missing = _not_measured(table, run_names)
@@ -158,7 +193,7 @@ def render_html(table: pd.DataFrame, run_names: list[str], dirs: list[Path]) -> 
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def compare_runs(dirs: list[Path], out_dir: Path) -> Path:
+def compare_runs(dirs: list[Path], out_dir: Path, log: Callable[[str], None] | None = None) -> Path:
     """Write compare.md, compare.html and compare.csv (long: one row per run x variant) to ``out_dir``."""
     if len(dirs) < 2:
         raise QuantlabError("compare needs at least two result folders")
@@ -168,6 +203,9 @@ def compare_runs(dirs: list[Path], out_dir: Path) -> Path:
     runs = load_runs(dirs)
     run_names = list(dict.fromkeys(runs["run"]))
     table = aligned(runs)
+    for line in table.attrs["differences"]:
+        if log is not None:
+            log(f"warning: {line}")
     out_dir = Path(out_dir)
     atomic_write_text(out_dir / "compare.md", render_markdown(table, run_names, dirs))
     atomic_write_text(out_dir / "compare.html", render_html(table, run_names, dirs))

@@ -96,8 +96,9 @@ def context_plot(rows: list[dict[str, Any]]) -> str | None:
 
 
 def memory_plot(frame: pd.DataFrame) -> str | None:
-    """Left: weights and KV cache (measured, stacked) with the analytic figures marked. Right: the peak split into
-    weights / KV cache / other (peak − both: activations, workspace and, on CPU, the runtime itself)."""
+    """Left: weights and KV cache (measured, stacked) with the analytic figures marked. Right, on an axis of its
+    own so that it does not dwarf them: the rest of the peak (peak − weights − KV: activations, workspace and, on
+    CPU, the runtime itself). The legend sits below both panels, off the bars."""
     ok = measured(frame)
     if ok.empty or "weight_bytes" not in ok:
         return None
@@ -107,7 +108,7 @@ def memory_plot(frame: pd.DataFrame) -> str | None:
         peak = column(ok, "peak_memory_bytes").astype(float) / MIB
         other = (peak - w - kv).clip(lower=0).fillna(0)
         ys = list(range(len(ok)))
-        fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 0.42 * len(ok) + 1.4), sharey=True,
+        fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 0.42 * len(ok) + 1.9), sharey=True,
                                           gridspec_kw={"width_ratios": [3, 2]})
         left.barh(ys, w, color="#2c7fb8", label="weights")
         left.barh(ys, kv, left=w, color="#7fcdbb", label="KV cache")
@@ -116,12 +117,21 @@ def memory_plot(frame: pd.DataFrame) -> str | None:
         kv_analytic = column(ok, "kv_cache_bytes_analytic").astype(float) / MIB
         left.scatter(w + kv_analytic, ys, marker="|", s=220, color="#d95f0e", zorder=3, label="+ KV, analytic")
         left.set_xlabel("MiB held by the model and its cache")
-        left.legend(frameon=False, fontsize=7, loc="lower right")
-        right.barh(ys, w, color="#2c7fb8")
-        right.barh(ys, kv, left=w, color="#7fcdbb")
-        right.barh(ys, other, left=w + kv, color="#dddddd", label="other (peak − weights − KV)")
-        right.set_xlabel("peak MiB of the generation")
-        right.legend(frameon=False, fontsize=7, loc="lower right")
+        right.barh(ys, other, color="#bbbbbb", label="rest of the peak (peak − weights − KV)")
+        right.set_xlabel("rest of the generation's peak, MiB")
         left.set_yticks(ys, list(ok["variant"]))
         left.invert_yaxis()
+        fig.legend(*_legend_entries(left, right), loc="lower center", ncol=5, frameon=False, fontsize=7,
+                   bbox_to_anchor=(0.5, -0.02))
+        fig.subplots_adjust(bottom=0.55 / (0.42 * len(ok) + 1.9) + 0.12)
         return to_svg(fig)
+
+
+def _legend_entries(*axes: Any) -> tuple[list[Any], list[str]]:
+    handles: list[Any] = []
+    labels: list[str] = []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    return handles, labels

@@ -75,7 +75,7 @@ def test_a_group_size_that_does_not_divide_the_head_dim_is_refused_before_runnin
 
     recipe = validate_recipe({"name": "kv", "model": {"path": str(small_model_dir)}, "weights": ["fp32"],
                               "kv_cache": [{"format": "int4", "group_size": 8}, {"format": "int4", "group_size": 64}]})
-    with pytest.raises(QuantlabError, match=r"kv_cache\[1\] \(int4-g64-r128\): group_size 64 does not divide the head dimension 32"):
+    with pytest.raises(QuantlabError, match=r"kv_cache\[1\]: int4-g64-r128: group_size 64 does not divide the head dimension 32"):
         run_recipe(recipe, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
 

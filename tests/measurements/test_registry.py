@@ -43,7 +43,8 @@ def _record(key: str, scale: float) -> dict:
     variant["perplexity"]["perplexity"] *= 1 + (1 - scale)
     return {"record_version": 2, "variant": key, "variant_key": key, "status": "ok", "error": None, "recipe": "r",
             "model": "m", "weight_format": key, "kv_format": "native", "device": "cpu", "fingerprint_id": "f",
-            "sweep": 0, "memory_bandwidth_bytes_per_s": 10**10, "memory_bandwidth_method": "copy",
+            "sweep": 0, "memory_bandwidth_bytes_per_s": 10**10, "memory_bandwidth_after_bytes_per_s": 5 * 10**9,
+            "memory_bandwidth_method": "copy",
             "measurements": variant, "points": [{"batch_size": 1, "prompt_tokens": p, "measurements": point} for p in (16, 32)]}
 
 

@@ -1,0 +1,48 @@
+"""Whether a row's timings were taken on a noisy machine: a wide spread of decode steps, or a copy bandwidth
+that changed while the variant ran. Derived from the row's own recorded figures."""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Column, Measurement, Result, register
+
+NOISY_P90_OVER_P10 = 2.0  # decode steps: the slowest tenth at least twice the fastest tenth
+NOISY_BANDWIDTH_CHANGE = 0.25  # the copy bandwidth after the variant differs from before it by a quarter or more
+
+
+class TimingNoise(Result):
+    decode_p90_over_p10: float
+    bandwidth_change_share: float | None = None
+    noisy: bool
+    timing_noise: str  # why the row is noisy; empty when it is not
+
+
+@register("timing_noise", f"rows whose decode p90/p10 exceeds {NOISY_P90_OVER_P10} or whose copy bandwidth changed "
+          f"by {NOISY_BANDWIDTH_CHANGE:.0%} or more while they ran")
+class Noise(Measurement):
+    result = TimingNoise
+    scope = "point"
+    derived = True
+    title = "timing noise"
+    columns = (Column("timing_noise", "timing", ""),)
+
+    def derive(self, row: dict[str, Any]) -> TimingNoise | None:
+        p10, p90 = row.get("decode_ms_p10"), row.get("decode_ms_p90")
+        if not p10 or p90 is None:
+            return None
+        spread = p90 / p10
+        before, after = row.get("memory_bandwidth_bytes_per_s"), row.get("memory_bandwidth_after_bytes_per_s")
+        change = abs(after - before) / before if before and after else None
+        why = []
+        if spread > NOISY_P90_OVER_P10:
+            why.append(f"p90/p10 {spread:.1f}")
+        if change is not None and change >= NOISY_BANDWIDTH_CHANGE:
+            why.append(f"bandwidth changed {change:.0%}")
+        return TimingNoise(decode_p90_over_p10=round(spread, 3), bandwidth_change_share=None if change is None else round(change, 3),
+                           noisy=bool(why), timing_noise=("noisy: " + ", ".join(why)) if why else "")
+
+    def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        noisy = sorted({r["variant"] for r in rows for p in r.get("decode_points") or [r] if p.get("noisy")})
+        return (f"a row is flagged noisy when its decode p90/p10 exceeds {NOISY_P90_OVER_P10} or the copy bandwidth "
+                f"measured after it differs from the one before it by {NOISY_BANDWIDTH_CHANGE:.0%} or more (another "
+                "load on the machine); " + (f"flagged: {', '.join(noisy)}." if noisy else "none flagged."))
