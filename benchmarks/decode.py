@@ -1,17 +1,18 @@
 """Decode speed of a real model shape (random weights) for every weight format, with its roofline share.
 
-    python benchmarks/decode.py --shape llama-3.2-1b [--formats bf16 int8 int4-g128] [--layers N]
+    python benchmarks/decode.py --shape llama-3.2-1b [--formats bf16 int8 int4-g128] [--layers N] [--rounds 3]
 
-Builds the model from its published configuration (no weights are downloaded), applies each
-format, and times greedy decoding with each engine (``eager``: DynamicCache; ``compiled``: static
-cache + torch.compile, with the options recorded in results), warm-up first, device synchronized. It prints tokens/s, the ratio to bf16, and the share of the memory-bandwidth
-roofline: bytes one step reads (weights + KV cache) / the copy bandwidth measured first.
-``--layers`` keeps only the first N layers (a quick check on small machines).
+Builds the model from its published configuration (no weights are downloaded), applies each format once,
+then times greedy decoding with each engine (``eager``: DynamicCache; ``compiled``: static cache +
+torch.compile, with the options recorded in results), warm-up first, device synchronized. The formats are
+interleaved round by round (every format once per round), so a change in the machine's load touches them
+all alike; each figure is the median over the rounds' steps. It prints ms/token with p10–p90, tokens/s, the
+ratio to bf16, and the share of the memory-bandwidth roofline: bytes one step reads (weights + KV cache) /
+the copy bandwidth measured first. ``--layers`` keeps only the first N layers (a quick check on small machines).
 """
 from __future__ import annotations
 
 import argparse
-import gc
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -19,33 +20,43 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from quantlab import WEIGHT_FORMATS, quantize_
 from quantlab.kv import KV_FORMATS
 from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s
-from quantlab.measurements.roofline import Roofline
 from quantlab.measure.device import resolve_device
 from quantlab.measure.latency import measure_decode
 from quantlab.measure.memory import decode_weight_bytes_read
+from quantlab.measurements.roofline import Roofline
 
 SHAPES = {  # published architecture numbers
     "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True),
     "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False),
+    # SmolLM2-135M: 576-wide inputs, so groups of 128 end in a group of 64.
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True),
 }
+BF16 = {"compute_dtype": "bfloat16"}
 FORMATS = {
     "bf16": ("bf16", {}),
-    "int8": ("int8", {"compute_dtype": "bfloat16"}),
-    "int4-g128": ("int4", {"group_size": 128, "compute_dtype": "bfloat16"}),
-    "int4-g128-dequant": ("int4", {"group_size": 128, "compute_dtype": "bfloat16", "kernel": "dequantize+matmul"}),
+    "int8": ("int8", BF16),
+    "int4-pc": ("int4", BF16),
+    "int4-g128": ("int4", {"group_size": 128, **BF16}),
+    "int4-g32": ("int4", {"group_size": 32, **BF16}),
+    "int3-g128": ("int3", {"group_size": 128, **BF16}),
+    "int2-g64": ("int2", {"group_size": 64, **BF16}),
+    "int4-g128-dequant": ("int4", {"group_size": 128, "kernel": "dequantize+matmul", **BF16}),
 }
+DEFAULT_FORMATS = ["bf16", "int8", "int4-g128", "int4-g128-dequant"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=SHAPES, default="llama-3.2-1b")
-    p.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    p.add_argument("--formats", nargs="+", choices=FORMATS, default=DEFAULT_FORMATS)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every format once per round)")
     p.add_argument("--device", default="auto")
     p.add_argument("--engines", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
     args = p.parse_args()
@@ -54,33 +65,45 @@ def main() -> None:
     config = LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **shape)
     bandwidth = copy_bandwidth_bytes_per_s(device)
     print(f"{args.shape} ({shape['num_hidden_layers']} layers), device {device}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
-          f"batch {args.batch_size}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens")
-    print(f"{'engine':<9} {'format':<20} {'kernel':<22} {'weights GB':>10} {'ms/token':>9} {'tok/s':>8} {'vs bf16':>8} {'roofline':>9}")
+          f"batch {args.batch_size}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, {args.rounds} round(s)")
+    models = {name: build(name, config, device) for name in args.formats}
+    print(f"{'engine':<9} {'format':<18} {'kernel':<22} {'weights MB':>10} {'ms/token (p10–p90)':>24} {'tok/s':>8} "
+          f"{'vs bf16':>8} {'roofline':>9}")
     for engine in args.engines:
-        run_engine(engine, args, config, bandwidth, device)
+        run_engine(engine, args, models, bandwidth, device)
 
 
-def run_engine(engine: str, args: argparse.Namespace, config: LlamaConfig, bandwidth: float, device: torch.device) -> None:
+def build(name: str, config: LlamaConfig, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    fmt_name, params = FORMATS[name]
+    quantize_(model, WEIGHT_FORMATS[fmt_name].build(**params))
+    return model
+
+
+def run_engine(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.Module], bandwidth: float,
+               device: torch.device) -> None:
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    result = {}
+    for _ in range(args.rounds):
+        for name, model in models.items():
+            result[name] = measure_decode(model, KV_FORMATS["native"].build(), batch_size=args.batch_size,
+                                          prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmup_runs=1,
+                                          prefill_repeats=1, seed=0, device=device, engine=engine)
+            steps[name] += result[name].decode_ms
     base = None
-    for name in args.formats:
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-        fmt_name, params = FORMATS[name]
-        quantize_(model, WEIGHT_FORMATS[fmt_name].build(**params))
-        kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
-        result = measure_decode(model, KV_FORMATS["native"].build(), batch_size=args.batch_size,
-                                prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmup_runs=1,
-                                prefill_repeats=1, seed=0, device=device, engine=engine)
-        row = {**result.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
+    for name, model in models.items():
+        r = result[name]
+        r.decode_ms = steps[name]  # every round's steps
+        row = {**r.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
                "prompt_tokens": args.prompt_tokens, "memory_bandwidth_bytes_per_s": bandwidth}
         row.update(Roofline().derive(row).model_dump())
         base = base or row["tokens_per_s"]
-        print(f"{engine:<9} {name:<20} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e9:>10.3f} "
-              f"{row['decode_ms_per_token']:>9.2f} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base:>7.2f}x "
-              f"{row['roofline_share']:>8.1%}")
-        del model
-        gc.collect()
+        kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
+        spread = f"{row['decode_ms_per_token']:.2f} ({row['decode_ms_p10']:.2f}–{row['decode_ms_p90']:.2f})"
+        print(f"{engine:<9} {name:<18} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e6:>10.1f} "
+              f"{spread:>24} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base:>7.2f}x {row['roofline_share']:>8.1%}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Time each quantized matmul path against the dense matmul it replaces.
 
-    python benchmarks/linear_kernels.py [--shapes 4096x4096 4096x14336] [--batches 1 16] [--device cpu] [--compile]
+    python benchmarks/linear_kernels.py [--shapes 4096x4096 4096x14336 576x1536 1536x576] [--batches 1 16] [--device cpu] [--compile]
 
 For each shape (in x out), batch and path it prints the median time of a
 forward (after warm-up, device synchronized) and its ratio to the fp32 and
@@ -65,7 +65,8 @@ def runner(module: nn.Module, x: torch.Tensor, compile: bool) -> Callable[[], to
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", nargs="+", default=["4096x4096", "4096x14336"])
+    p.add_argument("--shapes", nargs="+", default=["4096x4096", "4096x14336", "576x1536", "1536x576"],
+                   help="in x out; the last two are SmolLM2-135M's gate/up and down projections (576 = 4x128 + 64)")
     p.add_argument("--batches", nargs="+", type=int, default=[1, 16])
     p.add_argument("--device", default="auto")
     p.add_argument("--repeats", type=int, default=20)

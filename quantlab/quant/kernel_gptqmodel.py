@@ -131,6 +131,13 @@ class GPTQModelKernel(Kernel):
                                f"{', '.join(rejected) or 'none offered'}")
 
     @classmethod
+    def in_auto(cls, device: torch.device) -> bool:
+        # On CPU GPTQModel offers TorchLinear and its fused variants: slower than dequantize+matmul for every
+        # width measured (benchmarks/linear_kernels.py) and recompiled by torch.compile on every new shape
+        # until the recompile limit. They stay selectable by name (kernel: gptqmodel).
+        return device.type != "cpu"
+
+    @classmethod
     def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
         # 16-bit activations only: some kernels take float32 but compute in bfloat16, a silent precision change.
         if q.bits not in GPTQ_BITS or q.per_tensor or dtype not in HALF_DTYPES or not gptqmodel_available():

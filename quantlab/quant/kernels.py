@@ -30,6 +30,12 @@ class Kernel(nn.Module):
     def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
         raise NotImplementedError
 
+    @classmethod
+    def in_auto(cls, device: torch.device) -> bool:
+        """Whether ``kernel: auto`` may pick this path on ``device`` (a path that is slower there than
+        dequantize+matmul, or recompiles under torch.compile, is only used when named)."""
+        return True
+
     def analytic_nbytes(self) -> int:
         """Bytes this layout needs, from the tensor's shape, bits and groups alone."""
         raise NotImplementedError
@@ -102,20 +108,39 @@ def _int4_scales_and_zeros(q: QuantizedTensor, group: int, dtype: torch.dtype) -
 def _int4_group(q: QuantizedTensor) -> int | None:
     """The kernel group size: the tensor's own, or for one scale per row the largest that divides the input."""
     if q.group_size is not None:
-        return q.group_size if q.group_size in INT4_GROUPS and q.shape[1] % q.group_size == 0 else None
+        return q.group_size if q.group_size in INT4_GROUPS and _int4_tail(q) is not None else None
     return next((g for g in reversed(INT4_GROUPS) if q.shape[1] % g == 0), None)
 
 
+def _int4_tail(q: QuantizedTensor) -> int | None:
+    """Width of a short last group the kernels take as a second matmul of its own (0: the group size divides
+    the input), or None when they cannot (a tail that is not itself a kernel group, or act-order columns).
+    SmolLM2's 576-wide inputs with groups of 128 end in a group of 64."""
+    if q.group_size is None:
+        return 0
+    tail = q.shape[1] % q.group_size
+    if tail == 0:
+        return 0
+    return tail if tail in INT4_GROUPS and q.g_idx is None else None
+
+
 class Int4Kernel(Kernel):
-    """Shared layout of torch's int4 kernels: codes in a kernel-specific packing + per-group (scale, zero)."""
+    """Shared layout of torch's int4 kernels: codes in a kernel-specific packing + per-group (scale, zero).
+
+    A short last group (an input width the group size does not divide) is a second, narrow matmul with its own
+    packing and group size, added to the first: no padding, no extra bytes."""
 
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
-        self.shape, self.group = q.shape, _int4_group(q)
+        self.shape, self.group, self.tail = q.shape, _int4_group(q), _int4_tail(q) or 0
         order = _column_order(q)
         codes = q.codes() if order is None else q.codes()[:, order.long()]
-        self.register_buffer("packed", self._pack(codes))
-        self.register_buffer("scales_and_zeros", _int4_scales_and_zeros(q, self.group, dtype))
+        sz = _int4_scales_and_zeros(q, self.group, dtype)
+        head = q.shape[1] - self.tail
+        self.register_buffer("packed", self._pack(codes[:, :head].contiguous(), head))
+        self.register_buffer("scales_and_zeros", sz[: head // self.group].contiguous())
+        self.register_buffer("tail_packed", self._pack(codes[:, head:].contiguous(), self.tail) if self.tail else None)
+        self.register_buffer("tail_scales_and_zeros", sz[head // self.group:].contiguous() if self.tail else None)
         self.register_buffer("column_order", order)
 
     @classmethod
@@ -125,20 +150,28 @@ class Int4Kernel(Kernel):
     def analytic_nbytes(self) -> int:
         out, n_in = self.shape
         order = 4 * n_in if self.column_order is not None else 0
-        return out * n_in // 2 + (n_in // self.group) * out * 2 * self.scales_and_zeros.element_size() + order
+        groups = (n_in - self.tail) // self.group + (1 if self.tail else 0)
+        return out * n_in // 2 + groups * out * 2 * self.scales_and_zeros.element_size() + order
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         eye = torch.eye(self.shape[1], dtype=self.scales_and_zeros.dtype, device=self.packed.device)
-        w = self._matmul(eye).t()  # columns in kernel order
+        w = self._matmul_all(eye).t()  # columns in kernel order
         if self.column_order is not None:
             w = w[:, torch.argsort(self.column_order.long())]
         return w.to(dtype)
+
+    def _matmul_all(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.tail:
+            return self._matmul(x, self.packed, self.group, self.scales_and_zeros)
+        head = self.shape[1] - self.tail
+        return (self._matmul(x[:, :head].contiguous(), self.packed, self.group, self.scales_and_zeros)
+                + self._matmul(x[:, head:].contiguous(), self.tail_packed, self.tail, self.tail_scales_and_zeros))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.column_order is not None:
             x = x.index_select(-1, self.column_order)
         lead = x.shape[:-1]
-        y = self._matmul(x.reshape(-1, x.shape[-1]).to(self.scales_and_zeros.dtype))
+        y = self._matmul_all(x.reshape(-1, x.shape[-1]).to(self.scales_and_zeros.dtype))
         return y.reshape(*lead, -1).to(x.dtype)
 
 
@@ -153,11 +186,11 @@ class Int4CPUKernel(Int4Kernel):
         return (device.type == "cpu" and dtype == torch.bfloat16 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
                 and super().supports(q, device, dtype))
 
-    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+    def _pack(self, codes: torch.Tensor, width: int) -> torch.Tensor:
         return torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
 
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros)
+    def _matmul(self, x: torch.Tensor, packed: torch.Tensor, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
 
 
 def tinygemm_inner_k_tiles(out_features: int, in_features: int) -> int | None:
@@ -175,16 +208,19 @@ class Int4TinyGemmKernel(Int4Kernel):
 
     @classmethod
     def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
-        return (device.type == "cuda" and dtype == torch.bfloat16 and tinygemm_inner_k_tiles(*q.shape) is not None
-                and super().supports(q, device, dtype))
+        if device.type != "cuda" or dtype != torch.bfloat16 or not super().supports(q, device, dtype):
+            return False
+        tail = _int4_tail(q) or 0
+        widths = [q.shape[1] - tail] + ([tail] if tail else [])
+        return all(tinygemm_inner_k_tiles(q.shape[0], w) is not None for w in widths)
 
-    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+    def _pack(self, codes: torch.Tensor, width: int) -> torch.Tensor:
         c = codes.to(torch.uint8)
-        tiles = tinygemm_inner_k_tiles(*self.shape)
+        tiles = tinygemm_inner_k_tiles(self.shape[0], width)
         return torch._convert_weight_to_int4pack((c[:, ::2] << 4 | c[:, 1::2]).contiguous(), tiles)
 
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int4pack_mm(x.contiguous(), self.packed, self.group, self.scales_and_zeros)
+    def _matmul(self, x: torch.Tensor, packed: torch.Tensor, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm(x.contiguous(), packed, group, scales_and_zeros)
 
 
 class Int8Kernel(Kernel):
@@ -274,6 +310,8 @@ def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, 
     """
     reasons: list[str] = []
     for path, cls in KERNELS.items():
+        if allowed is None and not cls.in_auto(device):
+            continue
         if (allowed is None or path in allowed) and cls.supports(q, device, dtype):
             try:
                 return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]

@@ -50,12 +50,13 @@ def test_act_order_weights_run_through_gptqmodel_with_their_g_idx() -> None:
     assert rel_error(kernel(x.bfloat16()), x @ q.dequantize().T) < 2e-2
 
 
-def test_auto_choice_takes_gptqmodel_for_what_torchs_kernels_do_not_cover() -> None:
+def test_auto_leaves_gptqmodels_cpu_kernels_to_recipes_that_name_them() -> None:
+    # On CPU they are slower than dequantize+matmul and recompile under torch.compile; on CUDA auto may take them.
     int2 = quantize_tensor(_weight(), 2, 64)
-    assert isinstance(choose_kernel(int2, CPU, torch.bfloat16), GPTQModelKernel)
+    assert isinstance(choose_kernel(int2, CPU, torch.bfloat16), DequantKernel)
+    assert isinstance(choose_kernel(int2, CPU, torch.bfloat16, ["gptqmodel"]), GPTQModelKernel)
     assert isinstance(choose_kernel(quantize_tensor(_weight(), 4, 128), CPU, torch.bfloat16), Int4CPUKernel)
-    # GPTQModel offers no CPU kernel for 2-bit float32 activations: dequantize+matmul takes it.
-    assert isinstance(choose_kernel(int2, CPU, torch.float32), DequantKernel)
+    assert not GPTQModelKernel.in_auto(CPU) and GPTQModelKernel.in_auto(torch.device("cuda"))
 
 
 def test_a_candidate_that_disagrees_with_the_reference_is_rejected() -> None:

@@ -3,13 +3,13 @@ import torch
 
 from conftest import rel_error
 from quantlab import gptq_quantize, quantize_tensor
-from quantlab.quant.kernel_gptqmodel import GPTQModelKernel, gptqmodel_available
 from quantlab.quant.kernels import (KERNELS, DequantKernel, Int4CPUKernel, Int4TinyGemmKernel, Int8CastKernel, Int8Kernel,
                                     choose_kernel, tinygemm_inner_k_tiles)
 
 CPU = torch.device("cpu")
-# Grouped shapes torch's kernels do not take go to GPTQModel's kernels where it is installed.
-GROUPED_FALLBACK = GPTQModelKernel if gptqmodel_available() else DequantKernel
+# Grouped shapes torch's kernels do not take dequantize on CPU: GPTQModel's CPU kernels are slower than that and
+# recompile under torch.compile, so `auto` leaves them to recipes that name them.
+GROUPED_FALLBACK = DequantKernel
 
 
 def _weight(out: int = 96, n_in: int = 512) -> torch.Tensor:
@@ -89,6 +89,26 @@ def test_int8_on_cuda_prefers_the_cast_form_for_bf16_and_cpu_keeps_torchs_kernel
     assert _first_path(q, CPU, torch.bfloat16) == "int8pack_mm"
 
 
+@pytest.mark.parametrize("shape,group", [((96, 576), 128), ((1536, 576), 128), ((64, 96), 64), ((96, 544), 256)])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_short_last_group_runs_on_the_int4_kernel_as_a_second_matmul(shape, group, symmetric: bool) -> None:
+    """SmolLM2's 576-wide inputs with groups of 128 end in a group of 64: no padding, no extra bytes, no slow path."""
+    q = quantize_tensor(_weight(*shape), 4, group, symmetric)
+    kernel = choose_kernel(q, CPU, torch.bfloat16)
+    assert isinstance(kernel, Int4CPUKernel) and kernel.tail == shape[1] % group
+    held = sum(t.numel() * t.element_size() for t in kernel.buffers())
+    assert held == kernel.analytic_nbytes()
+    assert held == shape[0] * shape[1] // 2 + shape[0] * -(-shape[1] // group) * 2 * 2  # codes + (scale, zero) per group
+    x = _x(shape[1], rows=3, dtype=torch.bfloat16)
+    assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 2e-2
+    assert rel_error(kernel.dequantize(), q.dequantize()) < 1e-2
+
+
+def test_a_tail_that_is_no_kernel_group_or_act_order_columns_are_not_split() -> None:
+    odd = quantize_tensor(_weight(96, 560), 4, 128)  # ends in a group of 48
+    assert isinstance(choose_kernel(odd, CPU, torch.bfloat16), DequantKernel)
+
+
 @pytest.mark.parametrize("shape,tiles", [((256, 1024), 8), ((256, 640), 8), ((256, 64), 4), ((256, 96), 2),
                                          ((100, 1024), None), ((256, 48), None)])
 def test_tinygemm_takes_shapes_its_packing_accepts(shape, tiles) -> None:
@@ -99,7 +119,7 @@ def test_tinygemm_takes_shapes_its_packing_accepts(shape, tiles) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,group", [((256, 1024), 128), ((256, 640), 128), ((64, 96), 32)])
+@pytest.mark.parametrize("shape,group", [((256, 1024), 128), ((256, 640), 128), ((64, 96), 32), ((256, 576), 128)])
 def test_tinygemm_on_cuda_agrees_with_the_reference(shape, group) -> None:
     dev = torch.device("cuda")
     q = quantize_tensor(_weight(*shape).to(dev), 4, group)
