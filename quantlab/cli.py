@@ -15,15 +15,27 @@ def _run(args: argparse.Namespace) -> int:
     from .report import load_rows
 
     recipe = load_recipe(args.recipe)
-    out = run_recipe(recipe, args.out)
+    out = run_recipe(recipe, args.out, shard=parse_shard(args.shard) if args.shard else None)
+    try:
+        rows, _ = load_rows(out)
+    except QuantlabError:  # a shard with no variant of its own in an empty folder
+        print(f"quantlab: no results in {out} yet", file=sys.stderr)
+        return 0
     print(out / "report.md")
-    rows, _ = load_rows(out)
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         print(f"quantlab: {len(failed)} of {len(rows)} variants failed (the report lists them): "
               + "; ".join(f"{r['variant']}: {r.get('error')}" for r in failed), file=sys.stderr)
         return 1
     return 0
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/8"`` -> ``(2, 8)``: shard 2 of 8, counted from 0 (Slurm's array task id, Kubernetes' completion index)."""
+    i, sep, n = text.partition("/")
+    if not (sep and i.strip().isdigit() and n.strip().isdigit() and 0 <= int(i) < int(n)):
+        raise QuantlabError(f"--shard: expected I/N with 0 <= I < N, e.g. 0/4 (got {text!r})")
+    return int(i), int(n)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -104,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "same folder share the work.", epilog=EXIT_CODES)
     run.add_argument("recipe", help="recipe YAML file")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe name>)")
+    run.add_argument("--shard", metavar="I/N", default=None,
+                     help="measure only shard I of N (0 <= I < N) of the variants, by a stable hash of each variant's "
+                     "config: N array jobs into one shared --out cover every variant once")
     run.set_defaults(func=_run)
     report = sub.add_parser("report", help="rebuild report.md and results.csv from results.jsonl",
                             description="Rebuild the report of a finished or interrupted run from its results.jsonl.")

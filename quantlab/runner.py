@@ -161,8 +161,10 @@ def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
 class _Sweep:
     """This process's share of one sweep over the recipe's variants."""
 
-    def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, bandwidth: float, log: Log) -> None:
+    def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, bandwidth: float, log: Log,
+                 shard: tuple[int, int] | None = None) -> None:
         self.recipe, self.folder, self.sweep, self.bandwidth, self.log = recipe, folder, sweep, bandwidth, log
+        self.shard = shard
         self.fingerprint = machine_fingerprint()
         self.fid = fingerprint_id(self.fingerprint)
         self.claims = Claims(folder.path)
@@ -185,6 +187,8 @@ class _Sweep:
         variants = self.recipe.variants()
         held: dict[str, Any] = {}
         for i, variant in enumerate(variants):
+            if self.shard is not None and shard_of(variant.key, self.shard[1]) != self.shard[0]:
+                continue  # another shard's variant
             tag = f"[{i + 1}/{len(variants)}] {variant.label}"
             why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
             if why:
@@ -214,6 +218,10 @@ class _Sweep:
                 self.claims.release(claim)
         return held
 
+    def all_recorded(self) -> bool:
+        """Whether every variant of the recipe (every shard's) has a record that stands for it in this sweep."""
+        return all(reusable(self.folder.read_record(v.key), self.fid, self.sweep) for v in self.recipe.variants())
+
     def run(self) -> None:
         attempt = 0
         while True:
@@ -227,9 +235,19 @@ class _Sweep:
             attempt += 1
 
 
-def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr) -> Path:
+def shard_of(variant_key: str, shards: int) -> int:
+    """The shard a variant belongs to: its key (a hash of its resolved config) modulo the shard count, the same
+    in every process and on every machine."""
+    return int(variant_key, 16) % shards
+
+
+def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
+               shard: tuple[int, int] | None = None) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
-    other process running into the same folder), then rebuild the views. Returns ``out_dir``."""
+    other process running into the same folder), then rebuild the views. Returns ``out_dir``.
+
+    ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
+    anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report)."""
     from .report import write_report
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
@@ -243,9 +261,15 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     bandwidth = copy_bandwidth_bytes_per_s(device)
     log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(_manifest(recipe, sweep), indent=1))
-    _Sweep(recipe, folder, sweep, bandwidth, log).run()
-    folder.complete_sweep(sweep)
-    write_report(out_dir, log=log)
+    share = _Sweep(recipe, folder, sweep, bandwidth, log, shard)
+    share.run()
+    if share.all_recorded():
+        folder.complete_sweep(sweep)
+    else:
+        log(f"shard {shard[0]}/{shard[1]} done; other shards' variants are still missing (quantlab report {out_dir} "
+            "once every shard has finished)" if shard else "some variants are still missing")
+    if folder.records():
+        write_report(out_dir, log=log)
     return out_dir
 
 

@@ -157,6 +157,11 @@ def test_compare_warns_about_runs_with_different_workloads(tmp_path: Path) -> No
     assert "workload.prompt_tokens differs" in (tmp_path / "cmp" / "compare.md").read_text()
 
 
+@pytest.mark.parametrize("shard", ["3/3", "a/2", "1", "2/0"])
+def test_a_bad_shard_is_one_line_exit_2(tmp_path: Path, shard: str) -> None:
+    _one_line_error(_cli("run", str(_recipe(tmp_path)), "--shard", shard), "--shard: expected I/N with 0 <= I < N")
+
+
 def test_estimate_notes_positions_beyond_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", str(CONFIGS / "gpt2.json"), "--seq-len", "4096"]) == 0
     assert "4,096 positions exceed the position limit max_position_embeddings = 1,024" in capsys.readouterr().out

@@ -147,6 +147,28 @@ def test_derived_figures_come_from_the_rows_own_inputs(small_model_dir: Path, tm
     assert f"{record['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s" in (out / "report.md").read_text()
 
 
+def test_array_job_shards_cover_every_variant_once(small_model_dir: Path, tmp_path: Path) -> None:
+    from quantlab.runner import shard_of
+
+    recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32", "bf16", "int8", {"format": "int4", "group_size": 64},
+                                                                 {"format": "int4", "group_size": 32}]), "evaluations": {}})
+    keys = {v.label: v.key for v in recipe.variants()}
+    out = tmp_path / "shared"
+    ran: list[list[str]] = []
+    for i in range(3):  # as three array tasks would, one after another or at once
+        logs: list[str] = []
+        run_recipe(recipe, out, log=logs.append, shard=(i, 3))
+        ran.append([m.split("] ")[1].removesuffix(": running") for m in logs if m.endswith(": running")])
+        assert all(shard_of(keys[label], 3) == i for label in ran[-1])
+        complete = json.loads((out / "manifest.json").read_text())["complete"] if (out / "manifest.json").exists() else False
+        assert complete == (i == 2)
+    assert sorted(label for share in ran for label in share) == sorted(keys)  # every variant, once
+    rows = read_jsonl(out / "results.jsonl")
+    assert len(rows) == 5 and all(r["status"] == "ok" for r in rows)
+    assert (out / "sweeps" / "0.complete").exists()
+    assert shard_of("00000000000000ff", 4) == 3 and shard_of("0000000000000100", 4) == 0  # a stable hash, not Python's
+
+
 def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe({
         "name": "synthetic", "model": {"config": str(small_model_dir / "config.json"), "synthetic": True},
