@@ -15,7 +15,11 @@ def _run(args: argparse.Namespace) -> int:
     from .report import load_rows
 
     recipe = load_recipe(args.recipe)
-    out = run_recipe(recipe, args.out, shard=parse_shard(args.shard) if args.shard else None)
+    executor = None
+    if args.executor or args.address:
+        fields = {"kind": args.executor or recipe.executor.kind, **({"address": args.address} if args.address else {})}
+        executor = recipe.executor.model_copy(update=fields)
+    out = run_recipe(recipe, args.out, shard=parse_shard(args.shard) if args.shard else None, executor=executor)
     try:
         rows, _ = load_rows(out)
     except QuantlabError:  # a shard with no variant of its own in an empty folder
@@ -97,7 +101,23 @@ def _estimate(args: argparse.Namespace) -> int:
     if (args.seq_len is not None and args.seq_len <= 0) or args.batch <= 0:
         raise QuantlabError("--seq-len and --batch must be positive integers")
     est = estimate(args.config, weights, kv, args.seq_len, args.batch, args.dtype)
-    print(json.dumps(est.to_dict(), indent=2) if args.json else render_estimate(est), end="" if not args.json else "\n")
+    fits = []
+    if args.gpu_memory:
+        from .dtypes import DTYPES
+        from .estimate.fit import fit_dicts, parse_bytes, plan, render_fit
+
+        device_bytes = parse_bytes(args.gpu_memory)
+        if args.gpus <= 0 or not 0 <= args.reserve < 1:
+            raise QuantlabError("--gpus must be positive and --reserve between 0 and 1")
+        fits = plan(est, kv, device_bytes, args.gpus, DTYPES[est.dtype], args.reserve)
+    if args.json:
+        print(json.dumps({**est.to_dict(), **({"fit": fit_dicts(fits)} if args.gpu_memory else {})}, indent=2))
+    else:
+        text = render_estimate(est)
+        if fits:
+            text = text.replace("\n## Assumptions", "\n".join(render_fit(fits, device_bytes, args.gpus, est, args.reserve))
+                                + "\n\n## Assumptions", 1)
+        print(text, end="")
     if est.architecture.not_interpreted:
         print(f"quantlab: warning: {args.config}: not interpreted (estimated without them): "
               + "; ".join(est.architecture.not_interpreted), file=sys.stderr)
@@ -116,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "same folder share the work.", epilog=EXIT_CODES)
     run.add_argument("recipe", help="recipe YAML file")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe name>)")
+    run.add_argument("--executor", choices=["local", "ray"], default=None,
+                     help="where variants run: here (local) or as Ray tasks (default: the recipe's executor, local)")
+    run.add_argument("--address", default=None, help="with --executor ray: the Ray cluster to join (auto, ray://..., "
+                     "host:port); without it a local Ray instance is started")
     run.add_argument("--shard", metavar="I/N", default=None,
                      help="measure only shard I of N (0 <= I < N) of the variants, by a stable hash of each variant's "
                      "config: N array jobs into one shared --out cover every variant once")
@@ -146,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                      help="dtype of unquantized tensors and of native KV caches (default: the file's torch_dtype)")
     est.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    est.add_argument("--gpu-memory", default=None, metavar="SIZE",
+                     help="plan the fit on devices of this size (80GiB, 80GB, ...): devices needed per format pair, "
+                     "largest batch and context on --gpus of them")
+    est.add_argument("--gpus", type=int, default=1, help="with --gpu-memory: how many devices (default 1)")
+    est.add_argument("--reserve", type=float, default=0.10,
+                     help="with --gpu-memory: share of each device kept for the CUDA context, fragmentation and "
+                     "decode activations (default 0.10)")
     est.set_defaults(func=_estimate)
     formats = sub.add_parser("formats", help="list the registered weight and KV-cache formats",
                              description="List every registered weight and KV-cache format with one line each.")

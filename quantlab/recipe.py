@@ -119,6 +119,28 @@ class Evaluations(Strict):
     lm_eval_tasks: list[LMEvalTask] = Field(default_factory=list)
 
 
+class ExecutorSpec(Strict):
+    """Where a run's variants are measured: here, one after another (``local``), or as tasks on a Ray cluster."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(None, description="ray: the cluster to join ('auto': the one running here); "
+                                "none starts a local Ray instance")
+    cpus_per_variant: float = Field(1, gt=0, description="ray: CPUs each variant's task reserves")
+    gpus_per_variant: float | None = Field(None, ge=0, description="ray: GPUs each variant's task reserves "
+                                           "(default: 1 when the recipe's device is cuda, else 0)")
+
+    def sweep_class(self) -> type:
+        """The sweep that runs variants this way (a missing optional engine is a one-line error)."""
+        if self.kind == "local":
+            from .runner import Sweep
+
+            return Sweep
+        from .ray_executor import RaySweep, require_ray
+
+        require_ray()
+        return RaySweep
+
+
 class Recipe(Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -135,6 +157,7 @@ class Recipe(Strict):
     isolation: Literal["process", "none"] = Field("process", description="run each variant in its own process")
     variant_timeout_s: float | None = Field(None, gt=0, description="stop a variant's process after this long; "
                                             "it is recorded as failed and the run goes on (isolation: process)")
+    executor: ExecutorSpec = ExecutorSpec()
     seed: int = 0
     _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
 

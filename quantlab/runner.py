@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .claims import Claims, Heartbeat, owner
+from .claims import Claim, Claims, Heartbeat, owner
 from .environment import environment
 from .errors import QuantlabError, RecipeError
 from .fingerprint import describe, fingerprint_id, machine_fingerprint
@@ -21,7 +21,7 @@ from .measurements import VariantContext, enabled_measurements
 from .measurements.context import config_estimate
 from .models import load_config
 from .progress import progress
-from .recipe import Recipe, Variant, validate_recipe
+from .recipe import ExecutorSpec, Recipe, Variant, validate_recipe
 from .records import RECORD_VERSION, RunFolder, now_iso, reusable, sleep, wait_s
 from .results import MANIFEST_FILE, atomic_write_text
 from .views import flat_row
@@ -158,64 +158,84 @@ def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
     }
 
 
-class _Sweep:
-    """This process's share of one sweep over the recipe's variants."""
+def finish_record(body: dict[str, Any], sweep: int, bandwidth_before: float, bandwidth_after: float) -> dict[str, Any]:
+    """A variant's measured body as a record of this process: sweep, machine fingerprint, writer, and the copy
+    bandwidth measured before and after it (a large change means the machine was busy)."""
+    fingerprint = machine_fingerprint()
+    return {**body, "sweep": sweep, "fingerprint": fingerprint, "fingerprint_id": fingerprint_id(fingerprint),
+            "writer": owner(), "memory_bandwidth_bytes_per_s": int(bandwidth_before),
+            "memory_bandwidth_after_bytes_per_s": int(bandwidth_after), "memory_bandwidth_method": BANDWIDTH_METHOD,
+            "finished_at": now_iso()}
 
-    def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, bandwidth: float, log: Log,
+
+class Sweep:
+    """This process's share of one sweep over the recipe's variants, measured here one at a time (in a process
+    of its own per variant, or in this one). ``executors.RaySweep`` runs the same loop on a Ray cluster."""
+
+    def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
                  shard: tuple[int, int] | None = None) -> None:
-        self.recipe, self.folder, self.sweep, self.bandwidth, self.log = recipe, folder, sweep, bandwidth, log
-        self.shard = shard
-        self.fingerprint = machine_fingerprint()
-        self.fid = fingerprint_id(self.fingerprint)
+        self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
+        self.fid = fingerprint_id(machine_fingerprint())
         self.claims = Claims(folder.path)
         self.told: set[str] = set()
+        self.bandwidth: float | None = None
 
     def _tell_once(self, key: str, msg: str) -> None:
         if key not in self.told:
             self.told.add(key)
             self.log(msg)
 
-    def _finish(self, body: dict[str, Any]) -> dict[str, Any]:
-        after = copy_bandwidth_bytes_per_s(resolve_device(self.recipe.device))  # changed a lot: the machine was busy
-        return {**body, "sweep": self.sweep, "fingerprint": self.fingerprint, "fingerprint_id": self.fid,
-                "writer": owner(), "memory_bandwidth_bytes_per_s": int(self.bandwidth),
-                "memory_bandwidth_after_bytes_per_s": int(after), "memory_bandwidth_method": BANDWIDTH_METHOD,
-                "finished_at": now_iso()}
+    def start(self, index: int, variant: Variant, claim: Claim, tag: str) -> None:
+        """Measure a claimed variant, write its record and release the claim (here: synchronously)."""
+        try:
+            device = resolve_device(self.recipe.device)
+            if self.bandwidth is None:
+                self.bandwidth = copy_bandwidth_bytes_per_s(device)
+                self.log(f"memory bandwidth (copy): {self.bandwidth / 1e9:.1f} GB/s")
+            with Heartbeat(claim):
+                body = (_measure_in_subprocess(self.recipe, index) if self.recipe.isolation == "process"
+                        else measure_variant_safely(self.recipe, variant))
+            self.record(tag, finish_record(body, self.sweep, self.bandwidth, copy_bandwidth_bytes_per_s(device)))
+        finally:
+            self.claims.release(claim)
+
+    def drain(self) -> None:
+        """Wait for variants started and not yet recorded (none here: ``start`` is synchronous)."""
+
+    def record(self, tag: str, record: dict[str, Any]) -> None:
+        self.folder.write_record(record)
+        self.told.add(record["variant_key"])
+        self.log(f"{tag}: {record['status']}" + (f" ({record['error']})" if record["status"] != "ok" else ""))
+        noise = sorted({p["timing_noise"] for p in flat_row(record).get("decode_points") or [] if p.get("noisy")})
+        if noise:
+            self.log(f"{tag}: timings {'; '.join(noise)} (flagged in the reports; rerun on a quiet machine)")
 
     def one_pass(self) -> dict[str, Any]:
         """Measure every variant nobody has measured or is measuring; returns the keys other live processes hold."""
         variants = self.recipe.variants()
         held: dict[str, Any] = {}
-        for i, variant in enumerate(variants):
-            if self.shard is not None and shard_of(variant.key, self.shard[1]) != self.shard[0]:
-                continue  # another shard's variant
-            tag = f"[{i + 1}/{len(variants)}] {variant.label}"
-            why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
-            if why:
-                self._tell_once(variant.key, f"{tag}: {why}")
-                continue
-            claim = self.claims.try_claim(variant.key)
-            if claim is None:
-                held[variant.key] = self.claims.current(variant.key)
-                continue
-            try:
+        try:
+            for i, variant in enumerate(variants):
+                if self.shard is not None and shard_of(variant.key, self.shard[1]) != self.shard[0]:
+                    continue  # another shard's variant
+                tag = f"[{i + 1}/{len(variants)}] {variant.label}"
+                why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+                if why:
+                    self._tell_once(variant.key, f"{tag}: {why}")
+                    continue
+                claim = self.claims.try_claim(variant.key)
+                if claim is None:
+                    held[variant.key] = self.claims.current(variant.key)
+                    continue
                 why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
                 if why:  # finished by another process between our look and our claim
+                    self.claims.release(claim)
                     self._tell_once(variant.key, f"{tag}: {why}")
                     continue
                 self.log(f"{tag}: running")
-                with Heartbeat(claim):
-                    body = (_measure_in_subprocess(self.recipe, i) if self.recipe.isolation == "process"
-                            else measure_variant_safely(self.recipe, variant))
-                record = self._finish(body)
-                self.folder.write_record(record)
-                self.told.add(variant.key)
-                self.log(f"{tag}: {body['status']}" + (f" ({body['error']})" if body["status"] != "ok" else ""))
-                noise = sorted({p["timing_noise"] for p in flat_row(record).get("decode_points") or [] if p.get("noisy")})
-                if noise:
-                    self.log(f"{tag}: timings {'; '.join(noise)} (flagged in the reports; rerun on a quiet machine)")
-            finally:
-                self.claims.release(claim)
+                self.start(i, variant, claim, tag)
+        finally:
+            self.drain()
         return held
 
     def all_recorded(self) -> bool:
@@ -242,26 +262,27 @@ def shard_of(variant_key: str, shards: int) -> int:
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
-               shard: tuple[int, int] | None = None) -> Path:
+               shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
     other process running into the same folder), then rebuild the views. Returns ``out_dir``.
 
     ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
-    anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report)."""
+    anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report).
+    ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray)."""
     from .report import write_report
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
+    executor = executor or recipe.executor
+    sweep_class = executor.sweep_class()  # a missing engine (Ray) is an error before anything is written
     _check_model(recipe)
     folder = RunFolder(out_dir)
     folder.check_writable()
     folder.convert_legacy(log)
     sweep, started = folder.join_or_start_sweep()
-    device = resolve_device(recipe.device)
     log(f"{'started' if started else 'joined'} sweep {sweep} in {out_dir} on {describe(machine_fingerprint())}")
-    bandwidth = copy_bandwidth_bytes_per_s(device)
-    log(f"memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s")
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(_manifest(recipe, sweep), indent=1))
-    share = _Sweep(recipe, folder, sweep, bandwidth, log, shard)
+    share = Sweep(recipe, folder, sweep, log, shard) if executor.kind == "local" else \
+        sweep_class(recipe, folder, sweep, log, shard, executor)
     share.run()
     if share.all_recorded():
         folder.complete_sweep(sweep)
