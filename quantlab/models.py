@@ -35,6 +35,12 @@ class ModelSpec(Strict):
     revision: str | None = None
     gguf_file: str | None = None
     trust_remote_code: bool = False
+    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = Field(
+        None, description="place the model across devices with accelerate (and offload what does not fit)")
+    max_memory: dict[str, str] | None = Field(None, description="with device_map: bytes each device may hold, "
+                                              "e.g. {0: 70GiB, 1: 70GiB, cpu: 200GiB}; the rest goes to disk")
+    offload_folder: str | None = Field(None, description="with device_map: where disk-offloaded weights go "
+                                       "(default: a temporary folder)")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -43,6 +49,10 @@ class ModelSpec(Strict):
             raise ValueError("give exactly one of bundled, path, hub, package or config" + (f" (got {', '.join(given)})" if given else ""))
         if self.config and not self.synthetic:
             raise ValueError("a bare config has no weights: set synthetic: true, or give path/hub")
+        if (self.max_memory or self.offload_folder) and not self.device_map:
+            raise ValueError("max_memory and offload_folder need device_map (auto, balanced, sequential or a mapping)")
+        if self.device_map and self.synthetic:
+            raise ValueError("device_map places loaded weights; a synthetic model has none to place")
         return self
 
     @field_validator("bundled")
@@ -74,6 +84,22 @@ class LoadedModel:
     model: nn.Module
     tokenizer: Any | None  # None for synthetic models
     source: str
+    offload_dir: Any = None  # a TemporaryDirectory holding disk-offloaded weights, kept as long as the model
+
+
+def _placement(spec: ModelSpec) -> tuple[dict[str, Any], Any]:
+    """from_pretrained's device_map / max_memory / offload_folder for ``spec`` (and a temporary offload folder
+    to keep alive), or nothing when the model loads whole onto one device."""
+    if not spec.device_map:
+        return {}, None
+    import tempfile
+
+    temp = None if spec.offload_folder else tempfile.TemporaryDirectory(prefix="quantlab-offload-")
+    memory = {int(k) if str(k).isdigit() else k: v for k, v in (spec.max_memory or {}).items()}
+    kwargs: dict[str, Any] = {"device_map": spec.device_map, "offload_folder": spec.offload_folder or temp.name}
+    if memory:
+        kwargs["max_memory"] = memory
+    return kwargs, temp
 
 
 def _location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
@@ -153,11 +179,14 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=spec.trust_remote_code)
         tokenizer = None
-    else:
+    placement, temp = _placement(spec)
+    if not spec.synthetic:
         with _loading_bar_only_on_a_terminal():
             model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-                                                         **kwargs)
+                                                         **kwargs, **placement)
         tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=spec.trust_remote_code, **kwargs)
-    model.to(device).eval()
+    if not placement:  # accelerate placed a mapped model already
+        model.to(device)
+    model.eval()
     model.requires_grad_(False)
-    return LoadedModel(model, tokenizer, where)
+    return LoadedModel(model, tokenizer, where, temp)

@@ -161,12 +161,31 @@ def test_array_job_shards_cover_every_variant_once(small_model_dir: Path, tmp_pa
         ran.append([m.split("] ")[1].removesuffix(": running") for m in logs if m.endswith(": running")])
         assert all(shard_of(keys[label], 3) == i for label in ran[-1])
         complete = json.loads((out / "manifest.json").read_text())["complete"] if (out / "manifest.json").exists() else False
-        assert complete == (i == 2)
+        assert complete == (i >= max(shard_of(k, 3) for k in keys.values()))  # once the last shard with work is done
     assert sorted(label for share in ran for label in share) == sorted(keys)  # every variant, once
     rows = read_jsonl(out / "results.jsonl")
     assert len(rows) == 5 and all(r["status"] == "ok" for r in rows)
     assert (out / "sweeps" / "0.complete").exists()
     assert shard_of("00000000000000ff", 4) == 3 and shard_of("0000000000000100", 4) == 0  # a stable hash, not Python's
+
+
+def test_a_model_offloaded_to_disk_runs_with_the_figures_of_the_whole_model(tmp_path: Path) -> None:
+    def run(model: dict, out: str) -> dict:
+        recipe = validate_recipe({"name": "offload", "model": {"bundled": "tiny-stdlib-llama", **model},
+                                  "weights": ["fp32", {"format": "int4", "group_size": 128}], "workload": WORKLOAD,
+                                  "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 2048}},
+                                  "isolation": "none", "device": "cpu"})
+        return {r["variant"]: r for r in read_jsonl(run_recipe(recipe, tmp_path / out, log=lambda _: None) / "results.jsonl")}
+
+    whole = run({}, "whole")
+    placed = run({"device_map": "auto", "max_memory": {"cpu": "12MB"}}, "placed")
+    for variant, r in placed.items():
+        assert r["status"] == "ok", r.get("error")
+        assert r["perplexity"] == whole[variant]["perplexity"] and r["kernel_path"] == whole[variant]["kernel_path"]
+        assert "disk" in r["device_map"].values() and "device_map" not in whole[variant]
+        held = r["weight_bytes_by_device"]
+        assert held["cpu"] == r["weight_bytes"] and held["cpu"] + held["offload:disk"] >= whole[variant]["weight_bytes"] - 1
+    assert "model.embed_tokens" in placed["fp32"]["device_map"]
 
 
 def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path: Path) -> None:

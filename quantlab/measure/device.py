@@ -17,8 +17,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def synchronize(device: torch.device) -> None:
+    """Wait for every CUDA device this process has used (a model placed across several runs a step on all)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        if torch.cuda.device_count() == 1:
+            torch.cuda.synchronize(device)
+            return
+        for index in range(torch.cuda.device_count()):
+            if torch.cuda.memory_allocated(index) or index == (device.index or 0):
+                torch.cuda.synchronize(index)
 
 
 def describe_device(device: torch.device) -> str:

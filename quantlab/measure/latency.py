@@ -18,7 +18,7 @@ from torch import nn
 
 from ..kv import KVFormat
 from .device import timed_ms
-from .memory import PeakMemory
+from .memory import PeakMemory, cuda_devices_of
 
 
 @dataclass
@@ -152,7 +152,8 @@ def _measure_decode(
         warm.decode(min(new_tokens, 8))
     prefills = [generation().prefill(ids) for _ in range(prefill_repeats - 1)]
     gen = generation()
-    prefill_peak, decode_peak = PeakMemory(device), PeakMemory(device)
+    spans = cuda_devices_of(model) if device.type == "cuda" else None
+    prefill_peak, decode_peak = PeakMemory(device, cuda_devices=spans), PeakMemory(device, cuda_devices=spans)
     with prefill_peak.track():
         prefills.append(gen.prefill(ids))
     with decode_peak.track():
@@ -165,6 +166,9 @@ def _measure_decode(
         "peak_memory_method": decode_peak.method,
         **({"peak_reserved_bytes": max(prefill_peak.reserved_bytes or 0, decode_peak.reserved_bytes or 0)}
            if decode_peak.reserved_bytes is not None else {}),
+        **({"peak_memory_bytes_by_device": {k: max(v, (prefill_peak.by_device or {}).get(k, 0))
+                                            for k, v in decode_peak.by_device.items()}}
+           if decode_peak.by_device else {}),
         "kv_cache_bytes": kv.cache_bytes(gen.cache),
         "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype),
         "kv_cache_tokens": prompt_tokens + new_tokens,

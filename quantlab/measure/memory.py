@@ -50,9 +50,12 @@ def _modules_and_tensors(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Te
 
 
 def _distinct_storages(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Tensor]]:
-    """``_modules_and_tensors`` with each storage once (tied and shared tensors at their first owner)."""
+    """``_modules_and_tensors`` with each storage once (tied and shared tensors at their first owner); tensors
+    on the meta device (weights accelerate offloaded) hold no memory and are left out."""
     seen: set[int] = set()
     for module, t in _modules_and_tensors(model):
+        if t.device.type == "meta":
+            continue
         ptr = t.untyped_storage().data_ptr()
         if ptr not in seen:
             seen.add(ptr)
@@ -64,6 +67,19 @@ def weight_bytes_by_component(model: nn.Module) -> dict[str, int]:
     out = {"quantized_linear": 0, "linear": 0, "embedding": 0, "other": 0}
     for module, t in _distinct_storages(model):
         out[_component(module)] += t.untyped_storage().nbytes()
+    return out
+
+
+def weight_bytes_by_device(model: nn.Module) -> dict[str, int]:
+    """Bytes held on each device (``cpu``, ``cuda:0``, ...), and those accelerate offloaded (``offload:cpu``,
+    ``offload:disk``): where a model placed with a device map keeps its weights."""
+    from ..quant.offload import offloaded_bytes
+
+    out: dict[str, int] = {}
+    for _, t in _distinct_storages(model):
+        out[str(t.device)] = out.get(str(t.device), 0) + t.untyped_storage().nbytes()
+    for where, n in offloaded_bytes(model).items():
+        out[f"offload:{where}"] = n
     return out
 
 
@@ -95,6 +111,11 @@ def weight_bytes_analytic(model: nn.Module) -> int:
                 seen.add(id(t))
                 total += t.numel() * t.element_size()
     return total
+
+
+def cuda_devices_of(model: nn.Module) -> list[int]:
+    """The CUDA devices holding the model's tensors."""
+    return sorted({t.device.index for t in (*model.parameters(), *model.buffers()) if t.device.type == "cuda"})
 
 
 def _vm_hwm_bytes() -> int:
@@ -139,17 +160,27 @@ class PeakMemory:
     peak_bytes: int = 0
     reserved_bytes: int | None = None  # CUDA: the caching allocator's peak reservation
     method: str = ""
+    by_device: dict[str, int] | None = None  # CUDA with a model on several devices: each one's allocator peak
+    cuda_devices: list[int] | None = None  # the CUDA devices to track (default: ``device``'s)
 
     @contextlib.contextmanager
     def track(self) -> Iterator["PeakMemory"]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.device.type == "cuda":  # a model placed with a device map spans several devices: track each
+            devices = self.cuda_devices or [self.device.index if self.device.index is not None else torch.cuda.current_device()]
+            for i in devices:
+                torch.cuda.synchronize(i)
+                torch.cuda.reset_peak_memory_stats(i)
             yield self
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
-            self.reserved_bytes = torch.cuda.max_memory_reserved(self.device)
-            self.method = "torch.cuda.max_memory_allocated (allocator peak; CUDA context excluded)"
+            peaks = {}
+            for i in devices:
+                torch.cuda.synchronize(i)
+                peaks[f"cuda:{i}"] = torch.cuda.max_memory_allocated(i)
+            used = {k: v for k, v in peaks.items() if v}
+            self.peak_bytes = sum(used.values())
+            self.reserved_bytes = sum(torch.cuda.max_memory_reserved(i) for i in devices)
+            self.by_device = used if len(used) > 1 else None
+            self.method = ("torch.cuda.max_memory_allocated (allocator peak; CUDA context excluded)"
+                           + (", summed over the devices the model spans" if self.by_device else ""))
             return
         if _reset_peak_rss():
             yield self

@@ -1,6 +1,7 @@
 """What a variant's measurements share: the loaded, quantized model and one generation per decode point."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -30,12 +31,18 @@ def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
     return Calibration(calibration_samples(ids, c.samples, c.seq_len, c.seed), loaded.tokenizer)
 
 
-@lru_cache(maxsize=4)
 def config_estimate(model_spec: Any) -> Any | None:
     """``quantlab estimate`` of the recipe's model (from its config file where there is one, else from the
     config transformers builds), once per process; None if it cannot be made."""
-    from ..estimate import estimate_from_raw, read_raw_config
+    return _config_estimate(json.dumps(model_spec.model_dump(mode="json"), sort_keys=True))
 
+
+@lru_cache(maxsize=4)
+def _config_estimate(spec_json: str) -> Any | None:
+    from ..estimate import estimate_from_raw, read_raw_config
+    from ..models import ModelSpec
+
+    model_spec = ModelSpec.model_validate(json.loads(spec_json))
     config = load_config(model_spec)
     try:
         raw, where = read_raw_config(model_location(model_spec))

@@ -11,6 +11,7 @@ class PeakMemoryBytes(Result):
     peak_reserved_bytes: int | None = None
     peak_memory_method: str
     rss_before_load_bytes: int | None = None
+    peak_memory_bytes_by_device: dict[str, int] | None = None  # CUDA, a model spread over several devices
 
 
 @register("peak_memory", "the larger of the prefill and decode peaks of the timed generation")
@@ -25,7 +26,8 @@ class PeakMemory(Measurement):
         return PeakMemoryBytes(
             peak_memory_bytes=m["peak_memory_bytes"], peak_prefill_bytes=m["peak_prefill_bytes"],
             peak_decode_bytes=m["peak_decode_bytes"], peak_reserved_bytes=m.get("peak_reserved_bytes"),
-            peak_memory_method=m["peak_memory_method"], rss_before_load_bytes=ctx.rss_before_load_bytes or None)
+            peak_memory_method=m["peak_memory_method"], rss_before_load_bytes=ctx.rss_before_load_bytes or None,
+            peak_memory_bytes_by_device=m.get("peak_memory_bytes_by_device"))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         return f"the larger of the prefill and decode peaks of that generation; method: {row.get('peak_memory_method', '—')}."

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.memory import decode_weight_bytes_read, weight_bytes_analytic, weight_bytes_by_component
+from ..measure.memory import decode_weight_bytes_read, weight_bytes_analytic, weight_bytes_by_component, weight_bytes_by_device
 from .base import MIB, Column, Measurement, Result, register
 
 
@@ -20,11 +20,20 @@ class WeightBytes(Result):
     quantized_modules: int
     kernel_path: str
     quantize_s: float
+    device_map: dict[str, str] | None = None  # accelerate's placement, when the recipe gave model.device_map
+    weight_bytes_by_device: dict[str, int] | None = None  # held per device, and offloaded to cpu or disk
 
 
 def kernel_paths(model: Any) -> str:
     paths = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")})
     return ",".join(paths) or "dense"
+
+
+def _placement(model: Any) -> dict[str, Any]:
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return {}
+    return {"device_map": {k: str(v) for k, v in device_map.items()}, "weight_bytes_by_device": weight_bytes_by_device(model)}
 
 
 @register("weights", "bytes of every parameter and buffer after quantization, by component, beside the formulas")
@@ -50,7 +59,7 @@ class Weights(Measurement):
             **{f"weight_bytes_{k}": v for k, v in components.items()},
             decode_weight_bytes_read=decode_weight_bytes_read(model),
             quantized_modules=len(ctx.quantize_report.replaced), kernel_path=kernel_paths(model),
-            quantize_s=ctx.quantize_s)
+            quantize_s=ctx.quantize_s, **_placement(model))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         return ("measured: bytes of every parameter and buffer the model holds after quantization (packed codes, "

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
+from .offload import cast_
 
 
 @WEIGHT_FORMATS.register("cast", "every tensor cast to a floating-point dtype (field: dtype)")
@@ -16,7 +17,7 @@ class CastFormat(WeightFormat):
         return SHORT_DTYPE[self.dtype]
 
     def prepare_model_(self, model: nn.Module) -> None:
-        model.to(DTYPES[self.dtype])
+        cast_(model, DTYPES[self.dtype])
 
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return DTYPES[self.dtype]

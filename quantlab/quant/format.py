@@ -59,11 +59,15 @@ class WeightFormat(BaseModel):
 
         The default quantizes each module on its own; calibrated formats override this.
         """
+        from .offload import onloaded, placed
+
         details: dict[str, Any] = {}
         for name in selected:
-            new = self.quantize_module(name, model.get_submodule(name))
+            old = model.get_submodule(name)
+            with onloaded(old):  # an offloaded module's weights are brought in for its quantization only
+                new = self.quantize_module(name, old)
             if new is not None:
-                model.set_submodule(name, new)
+                model.set_submodule(name, placed(new, old))
                 details[name] = {}
         return details
 

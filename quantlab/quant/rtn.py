@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
+from .offload import cast_
 from .kernels import KERNELS
 from .linear import QuantizedLinear, linear_weight
 from .primitives import ClipSearch
@@ -59,7 +60,7 @@ class AffineFormat(WeightFormat):
 
     def prepare_model_(self, model: nn.Module) -> None:
         if self.compute_dtype:
-            model.to(DTYPES[self.compute_dtype])
+            cast_(model, DTYPES[self.compute_dtype])
 
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return DTYPES[self.compute_dtype] if self.compute_dtype else base

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..progress import progress
 from .linear import linear_weight
+from .offload import execution_device, onloaded, placed
 
 
 class _Stop(Exception):
@@ -56,7 +57,7 @@ def _capture_first_layer_inputs(model: nn.Module, layers: nn.ModuleList, samples
     try:
         for ids in samples:
             try:
-                model(input_ids=ids.to(next(model.parameters()).device), use_cache=False)
+                model(input_ids=ids.to(execution_device(model.get_input_embeddings())), use_cache=False)
             except _Stop:
                 pass
     finally:
@@ -131,17 +132,21 @@ def quantize_sequential_(
         handles = []
         for name in names:
             module = layer.get_submodule(name)
-            acc = accumulators[name] = HessianAccumulator(linear_weight(module).shape[1], linear_weight(module).device)
+            n_in = linear_weight(module).shape[1]  # (a shape: offloaded weights are on the meta device)
+            acc = accumulators[name] = HessianAccumulator(n_in, execution_device(module))
             handles.append(module.register_forward_hook(lambda _m, a, _o, acc=acc: acc.add(a[0])))
         for args, kwargs in inputs:
             _run(layer, args, kwargs)
         for h in handles:
             h.remove()
         quantized = {}
+        originals = {}
         for name in names:
-            original = layer.get_submodule(name)
-            quantized[name] = solve(layer_prefix + name, original, accumulators[name].hessian)
-            new = quantized[name]
+            original = originals[name] = layer.get_submodule(name)
+            with onloaded(original):  # offloaded weights are brought in for the solve only
+                quantized[name] = solve(layer_prefix + name, original, accumulators[name].hessian)
+            new = placed(quantized[name], original)
+            quantized[name] = new
             layer.set_submodule(name, _dense_twin(new, linear_weight(original).dtype) if hasattr(new, "dequantize_weight") else new)
             stats[layer_prefix + name] = {"calibration_rows": accumulators[name].rows}
         inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
