@@ -30,8 +30,8 @@ def _recipe(model: dict, weights: list) -> dict:
             "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 512}}}
 
 
-def test_a_ray_sweep_gives_the_variants_and_figures_of_a_local_run(local_ray, small_model_dir: Path, tmp_path: Path) -> None:
-    spec = _recipe({"path": str(small_model_dir)}, ["fp32", "int8", {"format": "int4", "group_size": 64}])
+def test_a_ray_sweep_gives_the_variants_and_figures_of_a_local_run(local_ray, tmp_path: Path) -> None:
+    spec = _recipe({"bundled": "tiny-stdlib-llama"}, ["fp32", "int8", {"format": "int4", "group_size": 128}])
     local = read_jsonl(run_recipe(validate_recipe({**spec, "isolation": "none"}), tmp_path / "local", log=lambda _: None)
                        / "results.jsonl")
     logs: list[str] = []
@@ -99,3 +99,23 @@ def test_without_ray_the_executor_is_a_one_line_error_naming_the_extra(tmp_path:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "quantlab: error: --executor ray needs Ray: pip install 'quantlab[ray]'"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_driver_resumes_measuring_nothing_twice(local_ray, tmp_path: Path) -> None:
+    recipe = validate_recipe({**_recipe({"bundled": "tiny-stdlib-llama"}, ["fp32", "int8", {"format": "int4", "group_size": 128}]),
+                              "executor": {"kind": "ray"}})
+    out = tmp_path / "out"
+
+    def stop_after_the_first_record(message: str) -> None:
+        if message.startswith("ray: 1 done"):
+            raise KeyboardInterrupt  # as Ctrl-C on the driver would
+
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(recipe, out, log=stop_after_the_first_record)
+    first = {p.stem for p in (out / "records").glob("*.json")}
+    assert len(first) == 1 and list((out / "claims").glob("*.json")) == []  # the running tasks' claims given back
+    logs: list[str] = []
+    run_recipe(recipe, out, log=logs.append)
+    assert sum(m.endswith(": running") for m in logs) == 2 and sum("already measured" in m for m in logs) == 1
+    rows = read_jsonl(out / "results.jsonl")
+    assert len(rows) == 3 and all(r["status"] == "ok" for r in rows)

@@ -29,6 +29,13 @@ def kernel_paths(model: Any) -> str:
     return ",".join(paths) or "dense"
 
 
+def _places(device_map: dict[str, str]) -> str:
+    counts: dict[str, int] = {}
+    for where in device_map.values():
+        counts[where] = counts.get(where, 0) + 1
+    return ", ".join(f"{n} module(s) on {where}" for where, n in counts.items())
+
+
 def _placement(model: Any) -> dict[str, Any]:
     device_map = getattr(model, "hf_device_map", None)
     if not device_map:
@@ -66,4 +73,7 @@ class Weights(Measurement):
                 "scales and zero points included; tied tensors counted once). **analytic**: the same total from each "
                 "format's bits, group size and metadata, layer by layer on the quantized model. **config estimate**: "
                 "predicted from the model's config alone, before loading (`quantlab estimate`: "
-                f"{row.get('estimate_params_source') or 'the module tree'} × the format's byte formula).")
+                f"{row.get('estimate_params_source') or 'the module tree'} × the format's byte formula)."
+                + (f" Placed by accelerate's device map ({_places(row['device_map'])}); held per device: "
+                   f"{', '.join(f'{k} {v / 2**20:.1f} MiB' for k, v in (row.get('weight_bytes_by_device') or {}).items())}."
+                   if row.get("device_map") else ""))
