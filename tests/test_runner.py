@@ -198,6 +198,7 @@ def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path
     assert "perplexity" not in rows[0] and rows[1]["weight_bytes"] < rows[0]["weight_bytes"]
 
 
+@pytest.mark.slow
 def test_gptq_beats_rtn_on_the_bundled_model(tmp_path: Path) -> None:
     """The GPTQ paper's shape on the bundled model: closer to fp32 than RTN at 4 bits per channel and 3 bits g128."""
     recipe = validate_recipe({

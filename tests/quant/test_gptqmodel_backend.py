@@ -9,6 +9,7 @@ from quantlab import run_recipe, validate_recipe  # noqa: E402
 from quantlab.results import read_jsonl  # noqa: E402
 
 
+@pytest.mark.slow
 def test_both_gptq_backends_agree_on_perplexity(tmp_path: Path) -> None:
     settings = {"bits": 4, "group_size": 128}
     recipe = validate_recipe({
