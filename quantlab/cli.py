@@ -184,12 +184,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Notices other packages log while being imported, that are not quantlab's output: torchao's optional CUDA
+# extensions it cannot load on this machine, torch's pytree deprecation notes that torchao's import triggers.
+IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_import_noise() -> None:
+    """Silence ``IMPORT_NOISE_LOGGERS`` below errors. Called by quantlab's own entry points (this command, a
+    variant's worker process, a Ray task), never by the library."""
+    import logging
+
+    for name in IMPORT_NOISE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 EXIT_CODES = "exit status: 0 every variant measured; 1 some variant failed (results and report written); " \
     "2 bad input (nothing measured); 130 interrupted (run the same command again to resume)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_import_noise()
     try:
         return args.func(args)
     except QuantlabError as e:

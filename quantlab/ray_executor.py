@@ -28,9 +28,12 @@ def require_ray() -> Any:
 
 def measure_task(spec: dict[str, Any], index: int, sweep: int) -> dict[str, Any]:
     """One variant on a Ray worker: the local measurement, bracketed by the worker's own copy benchmark."""
+    from .cli import quiet_import_noise
     from .measure.bandwidth import copy_bandwidth_bytes_per_s
     from .measure.device import resolve_device
     from .recipe import validate_recipe
+
+    quiet_import_noise()  # a Ray worker is quantlab's own process
 
     recipe = validate_recipe(spec, "<ray task>")
     device = resolve_device(recipe.device)

@@ -4,4 +4,7 @@ import sys
 from .runner import worker_main
 
 if __name__ == "__main__":
+    from .cli import quiet_import_noise
+
+    quiet_import_noise()
     sys.exit(worker_main(sys.argv[1:]))

@@ -128,6 +128,7 @@ def test_lengths_beyond_the_position_limit_are_refused_with_the_limit_and_its_so
     proc = _cli("run", str(path), "--out", str(tmp_path / "out"))
     _one_line_error(proc, f"{path}: {where}", "position limit 1024", "max_position_embeddings")
     assert time.monotonic() - start < 120 and not (tmp_path / "out").exists()
+    assert proc.stderr.strip().count("\n") == 0  # the one line only: no other package's import-time notices
 
 
 def test_a_failed_variant_makes_the_run_exit_1_with_the_report_written(tmp_path: Path, small_model_dir: Path) -> None:
