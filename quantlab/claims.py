@@ -137,17 +137,6 @@ class Claims:
     def release(self, claim: Claim) -> None:
         claim.path.unlink(missing_ok=True)
 
-    def live_others(self, keys: list[str]) -> dict[str, Claim]:
-        """Keys held by another live process (not stale), with their claims."""
-        me = owner()
-        out = {}
-        for key in keys:
-            c = self.current(key)
-            if c is not None and not c.stale(self.stale_after_s) and (c.owner.get("pid"), c.owner.get("machine_id")) != (
-                    me["pid"], me["machine_id"]):
-                out[key] = c
-        return out
-
 
 class Heartbeat:
     """Touches a claim file every ``interval_s`` in a daemon thread while a variant is measured."""
@@ -164,10 +153,16 @@ class Heartbeat:
             except FileNotFoundError:
                 return
 
-    def __enter__(self) -> "Heartbeat":
+    def start(self) -> "Heartbeat":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def __enter__(self) -> "Heartbeat":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

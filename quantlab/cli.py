@@ -113,11 +113,8 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**est.to_dict(), **({"fit": fit_dicts(fits)} if args.gpu_memory else {})}, indent=2))
     else:
-        text = render_estimate(est)
-        if fits:
-            text = text.replace("\n## Assumptions", "\n".join(render_fit(fits, device_bytes, args.gpus, est, args.reserve))
-                                + "\n\n## Assumptions", 1)
-        print(text, end="")
+        extra = render_fit(fits, device_bytes, args.gpus, est, args.reserve) if fits else None
+        print(render_estimate(est, extra), end="")
     if est.architecture.not_interpreted:
         print(f"quantlab: warning: {args.config}: not interpreted (estimated without them): "
               + "; ".join(est.architecture.not_interpreted), file=sys.stderr)

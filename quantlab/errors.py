@@ -2,6 +2,14 @@
 from __future__ import annotations
 
 
+def first_line(e: BaseException, default: str | None = None) -> str:
+    """The first line of an exception's message (``default``, else the exception's type name, when it has none)."""
+    text = str(e).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(e).__name__ if default is None else default
+
+
 class QuantlabError(Exception):
     """A user-facing error: the CLI prints its message on one line and exits with status 2."""
 

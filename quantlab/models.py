@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from torch import nn
 
 from .dtypes import DTYPES
-from .errors import QuantlabError
+from .errors import QuantlabError, first_line
 from .paths import BUNDLED_DIR, bundled_models, package_folder  # noqa: F401  (re-exported)
 
 
@@ -131,7 +131,7 @@ def load_config(spec: ModelSpec) -> Any:
             kwargs["gguf_file"] = spec.gguf_file
         return AutoConfig.from_pretrained(where, trust_remote_code=spec.trust_remote_code, **kwargs)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise QuantlabError(f"cannot load the model config from {where}: {first}") from None
 
 

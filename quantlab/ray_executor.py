@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .claims import Claim, Heartbeat
-from .errors import QuantlabError
+from .errors import QuantlabError, first_line
 from .fingerprint import fingerprint_id
 from .runner import Sweep, _failed, finish_record, measure_variant_safely
 
@@ -52,9 +52,8 @@ class RaySweep(Sweep):
     """The local sweep's loop, with ``start`` submitting a Ray task and ``drain`` writing records as they finish."""
 
     def __init__(self, recipe: Any, folder: Any, sweep: int, log: Any, shard: Any, executor: Any) -> None:
-        super().__init__(recipe, folder, sweep, log, shard)
+        super().__init__(recipe, folder, sweep, log, shard, executor)
         self.ray = require_ray()
-        self.executor = executor
         self.running: dict[Any, tuple[Any, Claim, Heartbeat, str]] = {}  # object ref -> (variant, claim, beat, tag)
         self.done = self.failed = 0
         if not self.ray.is_initialized():
@@ -73,7 +72,7 @@ class RaySweep(Sweep):
         self.fid = fingerprint_id(self.ray.get(probe.remote()))
 
     def start(self, index: int, variant: Any, claim: Claim, tag: str) -> None:
-        beat = Heartbeat(claim).__enter__()
+        beat = Heartbeat(claim).start()
         ref = self.task.remote(self.recipe.to_spec(), index, self.sweep)
         self.running[ref] = (variant, claim, beat, tag)
 
@@ -89,14 +88,13 @@ class RaySweep(Sweep):
                 try:
                     record = self.ray.get(ref)
                 except (self.ray.exceptions.RayError, OSError) as e:  # the worker died: a failed, retryable record
-                    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    why = first_line(e)
                     record = finish_record(_failed(self.recipe, variant, f"ray worker lost: {type(e).__name__}: {why}"),
-                                           self.sweep, 0, 0)
-                    record["memory_bandwidth_bytes_per_s"] = record["memory_bandwidth_after_bytes_per_s"] = None
+                                           self.sweep, None, None)
                 try:
                     self.record(tag, record)
                 finally:
-                    beat.__exit__(None, None, None)
+                    beat.stop()
                     self.claims.release(claim)
                 self.done += record["status"] == "ok"
                 self.failed += record["status"] != "ok"
@@ -104,6 +102,6 @@ class RaySweep(Sweep):
         finally:  # interrupted: give back what is still running
             for ref, (_, claim, beat, _) in list(self.running.items()):
                 self.ray.cancel(ref, force=True)
-                beat.__exit__(None, None, None)
+                beat.stop()
                 self.claims.release(claim)
             self.running.clear()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -88,6 +87,9 @@ class RunFolder:
             if rec is not None:
                 out[p.stem] = rec
         return out
+
+    def has_records(self) -> bool:
+        return self.records_dir.is_dir() and any(self.records_dir.glob("*.json"))
 
     def write_record(self, record: dict[str, Any]) -> Path:
         """Write one variant's record atomically; a record it replaces moves to ``records/replaced/``."""
@@ -177,7 +179,3 @@ def reusable(record: dict[str, Any] | None, fingerprint_id: str, sweep: int) -> 
 def wait_s(attempt: int) -> float:
     """Polling interval while other processes hold claims: short at first, then every few seconds."""
     return min(5.0, 0.5 * (attempt + 1))
-
-
-def sleep(seconds: float) -> None:
-    time.sleep(seconds)

@@ -13,16 +13,16 @@ from typing import Any, Callable
 
 from .claims import Claim, Claims, Heartbeat, owner
 from .environment import environment
-from .errors import QuantlabError, RecipeError
+from .errors import QuantlabError, RecipeError, first_line
 from .fingerprint import describe, fingerprint_id, machine_fingerprint
 from .measure.bandwidth import BANDWIDTH_METHOD, copy_bandwidth_bytes_per_s
 from .measure.device import describe_device, resolve_device
-from .measurements import VariantContext, enabled_measurements
+from .measurements import Measurement, VariantContext, all_measurements, enabled_measurements
 from .measurements.context import config_estimate
 from .models import load_config
 from .progress import progress
 from .recipe import ExecutorSpec, Recipe, Variant, validate_recipe
-from .records import RECORD_VERSION, RunFolder, now_iso, reusable, sleep, wait_s
+from .records import RECORD_VERSION, RunFolder, now_iso, reusable, wait_s
 from .results import MANIFEST_FILE, atomic_write_text
 from .views import flat_row
 
@@ -49,25 +49,25 @@ def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     start = time.perf_counter()
     ctx = VariantContext(recipe, variant, device)
     ctx.load_and_quantize()
-    enabled = enabled_measurements(recipe)
+    measured = [(n, m) for n, m in enabled_measurements(recipe) if not m.derived]
     measurements: dict[str, Any] = {}
     points: list[dict[str, Any]] = []
-    point_measurements = [(n, m) for n, m in enabled if m.scope == "point" and not m.derived]
-    for name, m in enabled:
-        if m.derived:
-            continue
+    for name, m in measured:
         if m.scope == "variant":
-            result = m.measure(ctx)
-            if result is not None:
-                measurements[name] = result.model_dump(mode="json")
+            measurements.update(_results({name: m.measure(ctx)}))
         elif not points:  # the point measurements run together, at the first one's place in the order
-            for batch, prompt in progress(recipe.workload.points(), "decode points (batch, prompt)"):
-                done = {n: pm.measure(ctx, (batch, prompt)) for n, pm in point_measurements}
-                points.append({"batch_size": batch, "prompt_tokens": prompt,
-                               "measurements": {n: r.model_dump(mode="json") for n, r in done.items() if r is not None}})
+            per_point = [(n, pm) for n, pm in measured if pm.scope == "point"]
+            for b, p in progress(recipe.workload.points(), "decode points (batch, prompt)"):
+                results = _results({n: pm.measure(ctx, (b, p)) for n, pm in per_point})
+                points.append({"batch_size": b, "prompt_tokens": p, "measurements": results})
     body.update(status="ok", error=None, measurements=measurements, points=points,
                 wall_s=round(time.perf_counter() - start, 3), environment=environment())
     return body
+
+
+def _results(results: dict[str, Any]) -> dict[str, Any]:
+    """Measurement results as record JSON, leaving out those that had nothing to report."""
+    return {name: r.model_dump(mode="json") for name, r in results.items() if r is not None}
 
 
 def _failed(recipe: Recipe, variant: Variant, error: str) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     except KeyboardInterrupt:
         raise
     except Exception as e:  # a failed variant is a result, not the end of the run
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = first_line(e, default="")
         if not isinstance(e, QuantlabError):  # an unexpected failure: keep its traceback for the log
             traceback.print_exc(file=sys.stderr)
         return _failed(recipe, variant, f"{type(e).__name__}: {first}")
@@ -121,11 +121,11 @@ def _check_lengths(recipe: Recipe, config: Any) -> None:
     limit, source = position_limit(recipe, config)
     if limit is None:
         return
-    w = recipe.workload
-    prompt = max(p for _, p in w.points())
-    if prompt + w.new_tokens > limit:
-        raise RecipeError(recipe.source, "workload.prompt_tokens", f"{prompt} + new_tokens {w.new_tokens} = "
-                          f"{prompt + w.new_tokens} positions exceed the model's position limit {limit} ({source})")
+    workload = recipe.workload
+    prompt, new = max(p for _, p in workload.points()), workload.new_tokens
+    if prompt + new > limit:
+        raise RecipeError(recipe.source, "workload.prompt_tokens", f"{prompt} + new_tokens {new} = "
+                          f"{prompt + new} positions exceed the model's position limit {limit} ({source})")
     ppl = recipe.evaluations.perplexity
     if ppl is not None and ppl.window_tokens > limit:
         raise RecipeError(recipe.source, "evaluations.perplexity.window_tokens",
@@ -158,23 +158,29 @@ def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
     }
 
 
-def finish_record(body: dict[str, Any], sweep: int, bandwidth_before: float, bandwidth_after: float) -> dict[str, Any]:
+def finish_record(body: dict[str, Any], sweep: int, bandwidth_before: float | None,
+                  bandwidth_after: float | None) -> dict[str, Any]:
     """A variant's measured body as a record of this process: sweep, machine fingerprint, writer, and the copy
-    bandwidth measured before and after it (a large change means the machine was busy)."""
+    bandwidth measured before and after it (a large change means the machine was busy; None: not measured)."""
     fingerprint = machine_fingerprint()
+
+    def as_int(x: float | None) -> int | None:
+        return None if x is None else int(x)
+
     return {**body, "sweep": sweep, "fingerprint": fingerprint, "fingerprint_id": fingerprint_id(fingerprint),
-            "writer": owner(), "memory_bandwidth_bytes_per_s": int(bandwidth_before),
-            "memory_bandwidth_after_bytes_per_s": int(bandwidth_after), "memory_bandwidth_method": BANDWIDTH_METHOD,
+            "writer": owner(), "memory_bandwidth_bytes_per_s": as_int(bandwidth_before),
+            "memory_bandwidth_after_bytes_per_s": as_int(bandwidth_after), "memory_bandwidth_method": BANDWIDTH_METHOD,
             "finished_at": now_iso()}
 
 
 class Sweep:
     """This process's share of one sweep over the recipe's variants, measured here one at a time (in a process
-    of its own per variant, or in this one). ``executors.RaySweep`` runs the same loop on a Ray cluster."""
+    of its own per variant, or in this one). ``ray_executor.RaySweep`` runs the same loop on a Ray cluster."""
 
     def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
-                 shard: tuple[int, int] | None = None) -> None:
+                 shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> None:
         self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
+        self.executor = executor
         self.fid = fingerprint_id(machine_fingerprint())
         self.claims = Claims(folder.path)
         self.told: set[str] = set()
@@ -206,9 +212,9 @@ class Sweep:
         self.folder.write_record(record)
         self.told.add(record["variant_key"])
         self.log(f"{tag}: {record['status']}" + (f" ({record['error']})" if record["status"] != "ok" else ""))
-        noise = sorted({p["timing_noise"] for p in flat_row(record).get("decode_points") or [] if p.get("noisy")})
-        if noise:
-            self.log(f"{tag}: timings {'; '.join(noise)} (flagged in the reports; rerun on a quiet machine)")
+        row = flat_row(record)
+        for line in sorted({a for _, m in all_measurements() for place in _places(row, m) if (a := m.alert(place))}):
+            self.log(f"{tag}: {line}")
 
     def one_pass(self) -> dict[str, Any]:
         """Measure every variant nobody has measured or is measuring; returns the keys other live processes hold."""
@@ -251,8 +257,13 @@ class Sweep:
             if attempt == 0:
                 who = sorted({c.describe() for c in held.values() if c is not None})
                 self.log(f"waiting for {len(held)} variant(s) being measured by other processes ({', '.join(who)})")
-            sleep(wait_s(attempt))
+            time.sleep(wait_s(attempt))
             attempt += 1
+
+
+def _places(row: dict[str, Any], m: Measurement) -> list[dict[str, Any]]:
+    """Where a measurement's figures are in a flat row: its decode points (point scope) or the row itself."""
+    return (row.get("decode_points") or []) if m.scope == "point" else [row]
 
 
 def shard_of(variant_key: str, shards: int) -> int:
@@ -281,15 +292,14 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     sweep, started = folder.join_or_start_sweep()
     log(f"{'started' if started else 'joined'} sweep {sweep} in {out_dir} on {describe(machine_fingerprint())}")
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(_manifest(recipe, sweep), indent=1))
-    share = Sweep(recipe, folder, sweep, log, shard) if executor.kind == "local" else \
-        sweep_class(recipe, folder, sweep, log, shard, executor)
+    share = sweep_class(recipe, folder, sweep, log, shard, executor)
     share.run()
     if share.all_recorded():
         folder.complete_sweep(sweep)
     else:
         log(f"shard {shard[0]}/{shard[1]} done; other shards' variants are still missing (quantlab report {out_dir} "
             "once every shard has finished)" if shard else "some variants are still missing")
-    if folder.records():
+    if folder.has_records():
         write_report(out_dir, log=log)
     return out_dir
 

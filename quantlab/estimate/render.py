@@ -21,7 +21,8 @@ def _beyond_limit(est: Estimate) -> list[str]:
     return [f"**Note**: {note}.", ""] if note else []
 
 
-def render_estimate(est: Estimate) -> str:
+def render_estimate(est: Estimate, extra: list[str] | None = None) -> str:
+    """The worksheet as Markdown; ``extra``: lines of further sections (the fit plan) before the assumptions."""
     a = est.architecture
     lines = [f"# Estimate: {est.source}", "",
              f"model_type `{a.model_type}`" + (f", transformers `{a.config_class}`" if a.config_class else "")
@@ -68,6 +69,7 @@ def render_estimate(est: Estimate) -> str:
     formula = est.kv_formula()
     if formula:
         lines += ["", f"For unquantized storage with b = bytes per element of {est.dtype}:", "", "```", formula, "```"]
+    lines += extra or []
     lines += ["", "## Assumptions", ""] + [f"- {x}" for x in est.assumptions]
     lines += ["", "Estimates, not measurements: `quantlab run` measures the same quantities and reports them beside these."]
     return "\n".join(lines) + "\n"

@@ -88,8 +88,9 @@ class Measurement:
         """One sentence: how the figures of the first measured row were obtained (None: nothing to say)."""
         return None
 
-    def field_names(self) -> set[str]:
-        return set(self.result.model_fields)
+    def alert(self, row: dict[str, Any]) -> str | None:
+        """A line for the run's log when a just-measured row (point-scope: a decode point) calls for attention."""
+        return None
 
 
 MEASUREMENTS: Registry[Measurement] = Registry("measurement")

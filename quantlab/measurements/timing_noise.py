@@ -41,6 +41,11 @@ class Noise(Measurement):
         return TimingNoise(decode_p90_over_p10=round(spread, 3), bandwidth_change_share=None if change is None else round(change, 3),
                            noisy=bool(why), timing_noise=("noisy: " + ", ".join(why)) if why else "")
 
+    def alert(self, row: dict[str, Any]) -> str | None:
+        if not row.get("noisy"):
+            return None
+        return f"timings {row['timing_noise']} (flagged in the reports; rerun on a quiet machine)"
+
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         noisy = sorted({r["variant"] for r in rows for p in r.get("decode_points") or [r] if p.get("noisy")})
         return (f"a row is flagged noisy when its decode p90/p10 exceeds {NOISY_P90_OVER_P10} or the copy bandwidth "

@@ -122,8 +122,8 @@ def _sections(table: pd.DataFrame, run_names: list[str]) -> list[Section]:
         header = ["variant"] + [f"{fig.heading} [{i + 1}]" for i in range(len(run_names))]
         header += [f"{compare_heading(fig, '[1]').split()[0]} [{i + 1}] vs [1]" for i in range(1, len(run_names))]
         rows = []
+        plain = Column(col, fig.heading, fig.spec, fig.divide_by)  # the value alone, without its spread
         for _, r in table.iterrows():
-            plain = Column(col, fig.heading, fig.spec, fig.divide_by)  # the value alone, without its spread
             cells = [r["variant"]] + [cell(lambda f, n=n: r[f"{f}@{n}"], plain) for n in run_names]
             cells += [fmt_value(r[f"{col}_vs_first@{n}"], ".3f" if fig.compare == "ratio" else delta_spec(fig)) for n in run_names[1:]]
             rows.append(cells)

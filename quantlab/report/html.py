@@ -7,10 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from .markdown import how_obtained
 from .plots import context_plot, latency_plot, memory_plot, pareto_plot
-from .table import Section, cells, first_ok, fmt_value, header, measured, pareto_variants, sections
-from .text import machines_note, software_line
+from .table import Section, cells, first_ok, fmt_value, header, measured, pareto_variants, point_section, sections
+from .text import how_obtained, machines_note, software_line
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -82,7 +81,7 @@ def _memory_table(frame: pd.DataFrame) -> str:
 def _points(rows: list[dict[str, Any]]) -> str:
     if not any(len(r.get("decode_points") or []) > 1 for r in rows):
         return ""
-    section = sections(rows, scope="point")[0]
+    section = point_section(rows)
     body = [([esc(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), *(esc(c) for c in cells(p.get, section, compare=False))], "")
             for r in rows if r.get("status") == "ok" for p in r.get("decode_points") or []]
     head = ["variant", "batch", "prompt tokens", *(esc(h) for h in header(section, compare=False))]

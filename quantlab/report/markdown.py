@@ -5,9 +5,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..measurements import all_measurements
-from .table import Section, cells, first_ok, has_perplexity, header, pareto_variants, sections
-from .text import machines_note, software_line
+from .table import Section, cells, first_ok, has_perplexity, header, pareto_variants, point_section, sections
+from .text import how_obtained, machines_note, software_line
 
 
 def _md_table(head: list[str], body: list[list[str]]) -> list[str]:
@@ -29,7 +28,7 @@ def _points_table(rows: list[dict[str, Any]]) -> list[str]:
     """Decode figures at every (batch, prompt) point, when the workload has more than one."""
     if not any(len(r.get("decode_points") or []) > 1 for r in rows):
         return []
-    section = sections(rows, scope="point")[0]
+    section = point_section(rows)
     body = [[r["variant"], str(p["batch_size"]), str(p["prompt_tokens"]), *cells(p.get, section, compare=False)]
             for r in rows if r.get("status") == "ok" for p in r.get("decode_points") or []]
     return ["", "## Decode by batch size and context length", "",
@@ -51,28 +50,6 @@ def _pareto_line(frame: pd.DataFrame) -> list[str]:
     front = [v for v, on in pareto_variants(frame).items() if on]
     return ["", f"Pareto front of perplexity against weights + KV-cache bytes: {', '.join(front)}. "
             "Plots, the memory breakdown and the evidence table: [report.html](report.html)."]
-
-
-def how_obtained(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> list[tuple[str, str]]:
-    """(figure, sentence) for every measurement the rows have: each measurement's own provenance."""
-    ok = first_ok(rows)
-    out = []
-    for _, m in all_measurements():
-        if not any(not_missing(r, m) for r in rows):
-            continue
-        text = m.provenance(ok, rows, manifest)
-        if text:
-            out.append((m.title, text))
-    return out
-
-
-def not_missing(row: dict[str, Any], m: Any) -> bool:
-    """Whether the row has any figure of measurement ``m``."""
-    if row.get("status") != "ok":
-        return False
-    places = (row.get("decode_points") or [row]) if m.scope == "point" else [row]
-    fields = [c.field for c in m.columns_for([row])] or list(m.result.model_fields)
-    return any(p.get(f) is not None for p in places for f in fields)
 
 
 def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:

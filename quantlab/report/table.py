@@ -29,11 +29,6 @@ def fmt_value(x: Any, spec: str) -> str:
     return format(x, spec)
 
 
-def fmt_mib(x: Any, spec: str = ".3f") -> str:
-    """Bytes as MiB; a dash for a missing value."""
-    return "—" if missing(x) else format(x / MIB, spec)
-
-
 def cell(get: Any, col: Column) -> str:
     """One column's value of a row (``get``: the row's ``get``), scaled, formatted, with its spread."""
     value = get(col.field)
@@ -66,32 +61,36 @@ class Section:
     columns: list[Column]
 
 
-def _present(rows: list[dict[str, Any]], fields: set[str]) -> bool:
-    return any(r.get("status") == "ok" and any(not missing(r.get(f)) for f in fields) for r in rows)
+def _present(places: list[dict[str, Any]], cols: list[Column]) -> bool:
+    """Whether any of ``places`` (measured rows, or their decode points) has a value for any of ``cols``."""
+    return any(not missing(p.get(c.field)) for p in places for c in cols)
 
 
-def sections(rows: list[dict[str, Any]], scope: str = "variant") -> list[Section]:
-    """The main table's columns and each sectioned measurement's table, for the measurements these rows have.
-    ``scope="point"``: the per-point columns (the decode table)."""
+def sections(rows: list[dict[str, Any]]) -> list[Section]:
+    """The main table's columns and each sectioned measurement's own table, for the measurements these rows have."""
+    ok = [r for r in rows if r.get("status") == "ok"]
     main = Section(None, [])
     out = [main]
     for _, m in all_measurements():
         cols = m.columns_for(rows)
-        if not cols:
-            continue
-        if scope == "point":
-            if m.scope == "point":
-                points = [p for r in rows for p in r.get("decode_points") or [] if r.get("status") == "ok"]
-                if _present([{**p, "status": "ok"} for p in points], {c.field for c in cols}):
-                    main.columns += cols
-            continue
-        if not _present(rows, {c.field for c in cols}):
+        if not cols or not _present(ok, cols):
             continue
         if m.section:
             out.append(Section(m.section, cols))
         else:
             main.columns += [c for c in cols if c.summary]
-    return out if scope == "variant" else [main]
+    return out
+
+
+def point_section(rows: list[dict[str, Any]]) -> Section:
+    """Every per-point column (summary or not) that the measured rows' decode points have: the decode table."""
+    points = [p for r in rows if r.get("status") == "ok" for p in r.get("decode_points") or []]
+    section = Section(None, [])
+    for _, m in all_measurements():
+        cols = m.columns_for(rows)
+        if m.scope == "point" and _present(points, cols):
+            section.columns += cols
+    return section
 
 
 def header(section: Section, compare: bool = True) -> list[str]:

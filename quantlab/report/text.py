@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..measurements import all_measurements
 from .table import first_ok
 
 
@@ -20,3 +21,25 @@ def software_line(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     env = first_ok(rows).get("environment") or manifest.get("environment", {})
     return (f"Python {env.get('python')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
             f"quantlab commit {env.get('quantlab_commit') or 'unknown'}")
+
+
+def how_obtained(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """(figure, sentence) for every measurement the rows have: each measurement's own provenance."""
+    ok = first_ok(rows)
+    out = []
+    for _, m in all_measurements():
+        if not any(not_missing(r, m) for r in rows):
+            continue
+        text = m.provenance(ok, rows, manifest)
+        if text:
+            out.append((m.title, text))
+    return out
+
+
+def not_missing(row: dict[str, Any], m: Any) -> bool:
+    """Whether the row has any figure of measurement ``m``."""
+    if row.get("status") != "ok":
+        return False
+    places = (row.get("decode_points") or [row]) if m.scope == "point" else [row]
+    fields = [c.field for c in m.columns_for([row])] or list(m.result.model_fields)
+    return any(p.get(f) is not None for p in places for f in fields)
