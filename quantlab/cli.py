@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -10,11 +11,11 @@ from .errors import QuantlabError
 
 def _run(args: argparse.Namespace) -> int:
     from .recipe import load_recipe
+
+    recipe = load_recipe(args.recipe)  # a bad recipe fails here, before the runner and reports are imported
+    from .report import load_rows
     from .runner import run_recipe
 
-    from .report import load_rows
-
-    recipe = load_recipe(args.recipe)
     executor = None
     if args.executor or args.address:
         fields = {"kind": args.executor or recipe.executor.kind, **({"address": args.address} if args.address else {})}
@@ -212,5 +213,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The ``quantlab`` command. A bad input (exit 2) leaves without the interpreter's teardown of torch, about
+    0.4 s of a 2 s error path on 2 cores; every file quantlab writes is closed by then. Where Ray was started,
+    its exit handlers run as usual."""
+    code = main()
+    if code == 2 and "ray" not in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

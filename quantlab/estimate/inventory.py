@@ -70,7 +70,7 @@ def from_implementation(config: Any) -> Inventory:
     from transformers import AutoModelForCausalLM
 
     from ..quant.apply import select_linears
-    from ..quant.linear import LINEAR_TYPES, linear_weight
+    from ..quant.linear import linear_types, linear_weight
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -85,7 +85,7 @@ def from_implementation(config: Any) -> Inventory:
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            is_weight = isinstance(module, LINEAR_TYPES) and pname == "weight"
+            is_weight = isinstance(module, linear_types()) and pname == "weight"
             shape = tuple(linear_weight(module).shape) if is_weight else tuple(p.shape)  # linears as [out, in]
             tensors.append(TensorEntry(component, f"{name}.{pname}", shape, is_weight and name in selected))
         for bname, b in module.named_buffers(recurse=False):
@@ -93,7 +93,7 @@ def from_implementation(config: Any) -> Inventory:
                 seen.add(id(b))
                 buffers.append((f"{name}.{bname}", b.numel(), b.dtype))
         inside = _inside_first_layer(name)
-        if isinstance(module, LINEAR_TYPES) and inside:
+        if isinstance(module, linear_types()) and inside:
             out, n_in = linear_weight(module).shape
             projections[inside] = (int(n_in), int(out))
     return Inventory(tensors, f"transformers {type(model).__name__} instantiated on the meta device", projections,
@@ -105,13 +105,13 @@ GATE_NAMES = ("gate_proj", "gate_up_proj", "w1", "w3", "fc_gate")
 
 def _mlp_kind(model: nn.Module) -> tuple[str, str, str] | None:
     """Gated or not, read off the first layer's MLP module and its projections."""
-    from ..quant.linear import LINEAR_TYPES
+    from ..quant.linear import linear_types
 
     for name, module in model.named_modules():
         inside = _inside_first_layer(name)
         if inside not in ("mlp", "feed_forward", "ffn"):
             continue
-        projections = [n for n, m in module.named_children() if isinstance(m, LINEAR_TYPES)]
+        projections = [n for n, m in module.named_children() if isinstance(m, linear_types())]
         gated = any(n in GATE_NAMES for n in projections)
         value = ("gated" if gated else "not gated") + f" ({', '.join(projections)})"
         return value, "implementation", f"transformers {type(module).__name__}"

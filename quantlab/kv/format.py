@@ -1,9 +1,13 @@
 """The KV-cache format interface: a validated config that builds a transformers ``Cache``."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from pydantic import BaseModel, ConfigDict
-from transformers import Cache, PretrainedConfig
+
+if TYPE_CHECKING:  # transformers loads on first use, so validating a recipe does not import it
+    from transformers import Cache, PretrainedConfig
 
 from ..registry import Registry
 

@@ -3,15 +3,16 @@ it beside quantlab's packed caches. Its layers re-quantize the whole history eac
 fills (transformers' design); bytes are measured from the backend's tensors, with no analytic figure."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
-from transformers import Cache, PretrainedConfig
+
+if TYPE_CHECKING:
+    from transformers import Cache, PretrainedConfig
 
 from ..errors import UnsupportedError
 from .format import KV_FORMATS, KVFormat
-from .hf_compat import quantized_layer_tensors
 
 
 def tensor_bytes(x: object) -> int:
@@ -53,6 +54,8 @@ class HFQuantizedKV(KVFormat):
             raise UnsupportedError(f"KV format {self.label} needs {package}: {e}") from None
 
     def cache_bytes(self, cache: Cache) -> int:
+        from .hf_compat import quantized_layer_tensors
+
         total = 0
         for layer in cache.layers:
             for tensor in quantized_layer_tensors(layer):

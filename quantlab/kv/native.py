@@ -1,8 +1,12 @@
 """The model's own cache: transformers ``DynamicCache`` in the model's compute dtype."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import Cache, DynamicCache, PretrainedConfig, StaticCache
+
+if TYPE_CHECKING:
+    from transformers import Cache, PretrainedConfig
 
 from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
 
@@ -15,7 +19,11 @@ class NativeKV(KVFormat):
 
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         if max_cache_len is not None:
+            from transformers import StaticCache
+
             return StaticCache(config=config, max_cache_len=max_cache_len)
+        from transformers import DynamicCache
+
         return DynamicCache(config=config)
 
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:

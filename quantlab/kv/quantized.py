@@ -1,16 +1,19 @@
 """KV-cache formats that store keys and values in fewer bytes: float casts and packed integers."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field, model_validator
-from transformers import Cache, PretrainedConfig
+
+if TYPE_CHECKING:  # the cache layers subclass transformers' and load on first use
+    from transformers import Cache, PretrainedConfig
+
+    from .packed import Codec
 
 from ..errors import UnsupportedError
 from ..dtypes import DTYPES, SHORT_DTYPE
 from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
-from .packed import Codec, PackedKVLayer, PackedSlidingKVLayer
 
 CAST_DTYPES = {**DTYPES, "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
 SHORT = {**SHORT_DTYPE, "float8_e4m3fn": "fp8"}
@@ -25,6 +28,10 @@ class PackedKVFormat(KVFormat):
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         if max_cache_len is not None:
             raise UnsupportedError(f"KV format {self.label} has no static cache; use engine eager")
+        from transformers import Cache
+
+        from .packed import PackedKVLayer, PackedSlidingKVLayer
+
         key, value, residual = self.codecs()
         return Cache(layers=[PackedKVLayer(key, value, residual) if window is None
                              else PackedSlidingKVLayer(window, key, value, residual) for window in layer_windows(config)])
@@ -35,6 +42,8 @@ class PackedKVFormat(KVFormat):
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
         """Per layer: positions stored through the codecs + the residual in ``dtype``. A sliding-window layer
         keeps the last ``window - 1`` positions (a per-channel block straddling the edge whole)."""
+        from .packed import PackedKVLayer
+
         _, heads, head_dim = attention_shape(config)
         key, value, residual_tokens = self.codecs()
         residual = PackedKVLayer(key, value, residual_tokens).residual_after(tokens)
@@ -65,6 +74,8 @@ class KVCast(PackedKVFormat):
         return SHORT[self.dtype]
 
     def codecs(self) -> tuple[Codec, Codec, int]:
+        from .packed import Codec
+
         codec = Codec(dtype=CAST_DTYPES[self.dtype])
         return codec, codec, 0
 
@@ -94,6 +105,8 @@ class KVInt(PackedKVFormat):
         return None
 
     def codecs(self) -> tuple[Codec, Codec, int]:
+        from .packed import Codec
+
         key = Codec(bits=self.bits, axis=self.key_axis, group_size=self.group_size)
         value = Codec(bits=self.bits, axis="token", group_size=self.group_size)
         return key, value, self.residual_tokens

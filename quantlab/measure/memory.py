@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..quant.kernels import Kernel
-from ..quant.linear import LINEAR_TYPES
+from ..quant.linear import linear_types
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -21,7 +21,7 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 def _component(module: nn.Module) -> str:
     if hasattr(module, "analytic_weight_bytes") or isinstance(module, Kernel):
         return "quantized_linear"
-    if isinstance(module, LINEAR_TYPES):
+    if isinstance(module, linear_types()):
         return "linear"
     if isinstance(module, nn.Embedding):
         return "embedding"

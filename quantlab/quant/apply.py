@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .format import Calibration, WeightFormat
-from .linear import LINEAR_TYPES
+from .linear import linear_types
 
 
 @dataclass
@@ -35,7 +35,7 @@ def select_linears(
     include = list(include or ["*"])
     selected, kept = [], []
     for name, module in model.named_modules():
-        if not isinstance(module, LINEAR_TYPES):
+        if not isinstance(module, linear_types()):
             continue
         chosen = any(fnmatch(name, p) for p in include) and not any(fnmatch(name, p) for p in exclude)
         (selected if chosen else kept).append(name)

@@ -1,18 +1,23 @@
 """QuantizedLinear: a linear layer whose weight is held by a quantized matmul kernel."""
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 from torch import nn
 
 from .kernels import Kernel, choose_kernel
 from .qtensor import QuantizedTensor
 
-try:  # GPT-2 style layers store the weight transposed ([in, out]).
-    from transformers.pytorch_utils import Conv1D
-except ImportError:  # pragma: no cover - transformers is a dependency
-    Conv1D = ()  # type: ignore[assignment]
 
-LINEAR_TYPES: tuple[type[nn.Module], ...] = (nn.Linear,) + ((Conv1D,) if isinstance(Conv1D, type) else ())
+@functools.cache
+def linear_types() -> tuple[type[nn.Module], ...]:
+    """Module types quantized as linear layers: ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2 style layers,
+    weight stored transposed as ``[in, out]``); transformers is imported on first use, not with quantlab."""
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D)
 
 
 def linear_weight(module: nn.Module) -> torch.Tensor:
@@ -25,20 +30,24 @@ def linear_weight(module: nn.Module) -> torch.Tensor:
 class QuantizedLinear(nn.Module):
     """``y = x @ Wᵀ + b`` with W held by a ``Kernel`` (packed codes, scales, zeros in that kernel's layout)."""
 
-    def __init__(self, kernel: Kernel, bias: torch.Tensor | None, bits: int, group_size: int | None) -> None:
+    def __init__(self, kernel: Kernel, bias: torch.Tensor | None, bits: int, group_size: int | None,
+                 settings: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.kernel = kernel
         self.out_features, self.in_features = kernel.shape
         self.bits, self.group_size = bits, group_size
+        self.settings = dict(settings or {})  # how the codes were chosen (method, true_sequential...), for exports
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @classmethod
-    def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None) -> "QuantizedLinear":
-        """Replace ``module``'s weight by ``q``, stored for the fastest kernel among ``kernels`` (default: any)."""
+    def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None,
+                    settings: dict[str, Any] | None = None) -> "QuantizedLinear":
+        """Replace ``module``'s weight by ``q``, stored for the fastest kernel among ``kernels`` (default: any);
+        ``settings`` records how the codes were chosen (a checkpoint's quantize config repeats it)."""
         weight = linear_weight(module)
         kernel = choose_kernel(q, weight.device, weight.dtype, kernels)
         bias = module.bias.data.clone() if getattr(module, "bias", None) is not None else None
-        return cls(kernel, bias, q.bits, q.group_size)
+        return cls(kernel, bias, q.bits, q.group_size, settings)
 
     @property
     def kernel_path(self) -> str:

@@ -6,6 +6,7 @@ from conftest import rel_error
 from quantlab import UnsupportedError, gptq_quantize, quantize_, quantize_tensor
 from quantlab.measure.memory import weight_bytes_by_component
 from quantlab.quant.kernel_gptqmodel import GPTQModelKernel
+from quantlab.quant.kernel_bitplane import BitplaneCPUKernel
 from quantlab.quant.kernels import KERNELS, DequantKernel, Int4CPUKernel, choose_kernel
 from quantlab.quant.linear import QuantizedLinear
 from quantlab.quant.rtn import RTNFormat
@@ -51,9 +52,9 @@ def test_act_order_weights_run_through_gptqmodel_with_their_g_idx() -> None:
 
 
 def test_auto_leaves_gptqmodels_cpu_kernels_to_recipes_that_name_them() -> None:
-    # On CPU they are slower than dequantize+matmul and recompile under torch.compile; on CUDA auto may take them.
+    # On CPU they are slower than quantlab's paths and recompile under torch.compile; on CUDA auto may take them.
     int2 = quantize_tensor(_weight(), 2, 64)
-    assert isinstance(choose_kernel(int2, CPU, torch.bfloat16), DequantKernel)
+    assert isinstance(choose_kernel(int2, CPU, torch.bfloat16), BitplaneCPUKernel)
     assert isinstance(choose_kernel(int2, CPU, torch.bfloat16, ["gptqmodel"]), GPTQModelKernel)
     assert isinstance(choose_kernel(quantize_tensor(_weight(), 4, 128), CPU, torch.bfloat16), Int4CPUKernel)
     assert not GPTQModelKernel.in_auto(CPU) and GPTQModelKernel.in_auto(torch.device("cuda"))

@@ -3,13 +3,14 @@ import torch
 
 from conftest import rel_error
 from quantlab import gptq_quantize, quantize_tensor
+from quantlab.quant.kernel_bitplane import BitplaneCPUKernel
 from quantlab.quant.kernels import (KERNELS, DequantKernel, Int4CPUKernel, Int4TinyGemmKernel, Int8CastKernel, Int8Kernel,
                                     choose_kernel, tinygemm_inner_k_tiles)
 
 CPU = torch.device("cpu")
-# Grouped shapes torch's kernels do not take dequantize on CPU: GPTQModel's CPU kernels are slower than that and
-# recompile under torch.compile, so `auto` leaves them to recipes that name them.
-GROUPED_FALLBACK = DequantKernel
+# What torch's kernels do not take goes to the bit-plane kernel on CPU when its inputs and groups are whole 32-code
+# blocks, else dequantizes. GPTQModel's CPU kernels are slower and recompile under torch.compile, so `auto` leaves
+# them to recipes that name them.
 
 
 def _weight(out: int = 96, n_in: int = 512) -> torch.Tensor:
@@ -22,15 +23,16 @@ def _x(n_in: int = 512, rows: int = 4, dtype: torch.dtype = torch.float32) -> to
 
 @pytest.mark.parametrize("bits,group_size,symmetric,expected", [
     (4, 128, False, Int4CPUKernel), (4, 32, True, Int4CPUKernel), (4, None, False, Int4CPUKernel),
-    (8, None, False, Int8Kernel), (8, None, True, Int8Kernel), (8, 128, False, GROUPED_FALLBACK),
-    (3, 128, False, DequantKernel), (4, 16, False, GROUPED_FALLBACK),
+    (8, None, False, Int8Kernel), (8, None, True, Int8Kernel), (8, 128, False, BitplaneCPUKernel),
+    (3, 128, False, BitplaneCPUKernel), (4, 16, False, DequantKernel),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_choice_and_agreement_with_the_dequantized_reference(bits, group_size, symmetric, expected, dtype) -> None:
     q = quantize_tensor(_weight(), bits, group_size, symmetric)
     kernel = choose_kernel(q, CPU, dtype)
-    # torch's CPU int kernels are fast for bfloat16 activations only, so float32 ones dequantize.
-    assert type(kernel) is (expected if dtype == torch.bfloat16 else DequantKernel)
+    # torch's CPU int kernels are fast for bfloat16 activations only, so float32 ones go to the bit-plane kernel.
+    bitplane_or_dequant = DequantKernel if group_size == 16 else BitplaneCPUKernel
+    assert type(kernel) is (expected if dtype == torch.bfloat16 else bitplane_or_dequant)
     x = _x(dtype=dtype)
     reference = x.float() @ q.dequantize().T
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -39,7 +41,7 @@ def test_kernel_choice_and_agreement_with_the_dequantized_reference(bits, group_
     assert rel_error(kernel.dequantize(), q.dequantize()) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
-@pytest.mark.parametrize("cls", [Int4CPUKernel, Int8Kernel, Int8CastKernel, DequantKernel])
+@pytest.mark.parametrize("cls", [Int4CPUKernel, Int8Kernel, Int8CastKernel, BitplaneCPUKernel, DequantKernel])
 def test_kernel_bytes_match_their_formula(cls) -> None:
     int8 = issubclass(cls, Int8Kernel)
     q = quantize_tensor(_weight(), 8 if int8 else 4, None if int8 else 64)

@@ -1,0 +1,244 @@
+/* Matmul and dequantization of integer weights stored in bit planes, for CPUs (quantlab.quant.kernel_bitplane).
+
+   Layout: each row of K codes (K a multiple of 32) is K/32 blocks of 4*bits bytes. A block holds its 32 codes
+   as bits/2 two-bit planes of 8 bytes (plane p: bits 2p and 2p+1 of code 8i+t sit at bits 2i, 2i+1 of byte t),
+   then, for an odd bit width, a one-bit plane of 4 bytes (the top bit of code 8i+t is bit t of byte i). So a
+   3-bit row takes exactly 3 bits per code, and 32 codes come out of a block with a few shifts and masks.
+
+   Weights dequantize as (code - zero) * scale, with one scale and zero per row and group of `group` columns (the
+   last group may be shorter). Scales are float32, float16 or bfloat16 (scale_kind 0, 1, 2); zeros are `bits`-bit
+   codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), or absent (NULL:
+   every zero is sym_zero). Compiled at first use with the machine's C compiler. */
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+enum { F32 = 0, F16 = 1, BF16 = 2 };
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
+    if (exp == 0x1F) u = sign | 0x7F800000 | (man << 13);
+    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
+    else if (man) {  /* subnormal: normalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    } else u = sign;
+    float f; memcpy(&f, &u, 4); return f;
+}
+
+static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch does */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+static inline float load_scale(const void* scales, int kind, size_t i) {
+    if (kind == F32) return ((const float*)scales)[i];
+    uint16_t h = ((const uint16_t*)scales)[i];
+    return kind == F16 ? half_to_float(h) : bf16_to_float(h);
+}
+
+static inline int group_end(int g, int group, int K) { return (g + 1) * group < K ? (g + 1) * group : K; }
+
+/* Zero point of row n, group g: code g of the row's packed bit stream. */
+static inline float load_zero(const uint8_t* zeros, int zero_row_bytes, int sym_zero, int n, int g, int bits) {
+    if (!zeros) return (float)sym_zero;
+    const uint8_t* row = zeros + (size_t)n * zero_row_bytes;
+    int bit = g * bits, byte = bit >> 3, shift = bit & 7;
+    unsigned v = row[byte];
+    if (shift + bits > 8) v |= (unsigned)row[byte + 1] << 8;
+    return (float)((v >> shift) & ((1u << bits) - 1));
+}
+
+/* The 32 codes of a block, code j in codes[j]. */
+static inline void decode_block(const uint8_t* blk, int bits, uint8_t* codes) {
+    uint64_t out[4] = {0, 0, 0, 0};
+    int n2 = bits >> 1;
+    for (int p = 0; p < n2; p++) {
+        uint64_t w; memcpy(&w, blk + 8 * p, 8);
+        for (int i = 0; i < 4; i++) out[i] |= ((w >> (2 * i)) & 0x0303030303030303ULL) << (2 * p);
+    }
+    if (bits & 1) {
+        for (int i = 0; i < 4; i++) {  /* bit t of byte i -> byte t of word i */
+            uint64_t x = ((uint64_t)blk[8 * n2 + i] * 0x0101010101010101ULL) & 0x8040201008040201ULL;
+            out[i] |= (((x + 0x7F7F7F7F7F7F7F7FULL) >> 7) & 0x0101010101010101ULL) << (2 * n2);
+        }
+    }
+    memcpy(codes, out, 32);  /* little-endian: byte t of word i is code 8i+t */
+}
+
+#ifdef __AVX2__
+static inline __m256i decode_block_avx2(const uint8_t* blk, int bits) {
+    const __m256i shifts = _mm256_setr_epi64x(0, 2, 4, 6), three = _mm256_set1_epi8(3);
+    __m256i codes = _mm256_setzero_si256();
+    int n2 = bits >> 1;
+    for (int p = 0; p < n2; p++) {
+        int64_t w; memcpy(&w, blk + 8 * p, 8);
+        __m256i v = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(w), shifts), three);
+        codes = _mm256_or_si256(codes, _mm256_slli_epi16(v, 2 * p));  /* codes < 2^6 before the shift: no carry */
+    }
+    if (bits & 1) {
+        int32_t h; memcpy(&h, blk + 8 * n2, 4);
+        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(h), pick);  /* byte i in all of word i */
+        v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+        codes = _mm256_or_si256(codes, _mm256_and_si256(v, _mm256_set1_epi8((char)(1 << (2 * n2)))));
+    }
+    return codes;
+}
+
+static inline float hsum(__m256 v) {
+    float t[8]; _mm256_storeu_ps(t, v);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+/* R rows of x (R <= 4, a constant after inlining) against output rows [n0, n1). */
+static inline __attribute__((always_inline)) void rows_avx2(
+        const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
+        const float* x, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
+    int n_groups = (K + group - 1) / group, block_bytes = 4 * bits;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * (K / 32) * block_bytes;
+        __m256 total[4];
+        float offset[4] = {0, 0, 0, 0};
+        for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
+        for (int g = 0; g < n_groups; g++) {
+            __m256 acc[4][2];
+            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+            for (int b = g * group / 32, b1 = group_end(g, group, K) / 32; b < b1; b++) {
+                __m256i codes = decode_block_avx2(row + (size_t)b * block_bytes, bits);
+                __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+                __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+                __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+                __m256 c2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+                __m256 c3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + b * 32;
+                    acc[r][0] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(xb), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(xb + 8), acc[r][1]);
+                    acc[r][0] = _mm256_fmadd_ps(c2, _mm256_loadu_ps(xb + 16), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(c3, _mm256_loadu_ps(xb + 24), acc[r][1]);
+                }
+            }
+            size_t gi = (size_t)n * n_groups + g;
+            float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits);
+            __m256 vs = _mm256_set1_ps(s);
+            for (int r = 0; r < R; r++) {
+                total[r] = _mm256_fmadd_ps(vs, _mm256_add_ps(acc[r][0], acc[r][1]), total[r]);
+                offset[r] += s * z * xsum[r * n_groups + g];
+            }
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]) - offset[r];
+    }
+}
+#endif
+
+/* Portable form of the same product, for CPUs without AVX2. */
+static void rows_scalar(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
+                        const float* x, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
+    int n_groups = (K + group - 1) / group, block_bytes = 4 * bits;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * (K / 32) * block_bytes;
+        for (int r = 0; r < R; r++) {
+            float total = 0;
+            for (int g = 0; g < n_groups; g++) {
+                float acc = 0;
+                for (int b = g * group / 32, b1 = group_end(g, group, K) / 32; b < b1; b++) {
+                    uint8_t codes[32];
+                    decode_block(row + (size_t)b * block_bytes, bits, codes);
+                    const float* xb = x + (size_t)r * K + b * 32;
+                    for (int j = 0; j < 32; j++) acc += (float)codes[j] * xb[j];
+                }
+                size_t gi = (size_t)n * n_groups + g;
+                float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits);
+                total += s * (acc - z * xsum[r * n_groups + g]);
+            }
+            y[(size_t)r * N + n] = total;
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
+void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
+                     const float* x, float* y, int M, int N, int K, int bits, int group) {
+    int n_groups = (K + group - 1) / group;
+    float xsum[4 * n_groups];
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int R = M - m0 < 4 ? M - m0 : 4;
+        const float* xr = x + (size_t)m0 * K;
+        for (int r = 0; r < R; r++)
+            for (int g = 0; g < n_groups; g++) {
+                float s = 0;
+                for (int k = g * group, e = group_end(g, group, K); k < e; k++) s += xr[(size_t)r * K + k];
+                xsum[r * n_groups + g] = s;
+            }
+        float* yr = y + (size_t)m0 * N;
+#ifdef __AVX2__
+        switch (R) {  /* a constant R per call, so the row loops unroll */
+            case 1: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 1, N, K, bits, group); break;
+            case 2: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 2, N, K, bits, group); break;
+            case 3: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 3, N, K, bits, group); break;
+            default: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 4, N, K, bits, group);
+        }
+#else
+        rows_scalar(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
+#endif
+    }
+}
+
+#ifdef __AVX2__
+/* Eight floats to bfloat16, rounding to nearest even (NaN is not expected in dequantized weights). */
+static inline __m128i float8_to_bf16(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+#endif
+
+/* Rows [row0, row1) of W as float32 (out_kind 0) or bfloat16 (out_kind 2), [row1 - row0, K] row-major. */
+void bitplane_dequantize(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
+                         void* out, int out_kind, int row0, int row1, int K, int bits, int group) {
+    int n_groups = (K + group - 1) / group, block_bytes = 4 * bits;
+    #pragma omp parallel for schedule(static)
+    for (int n = row0; n < row1; n++) {
+        const uint8_t* row = w + (size_t)n * (K / 32) * block_bytes;
+        size_t o = (size_t)(n - row0) * K;
+        for (int g = 0; g < n_groups; g++) {
+            size_t gi = (size_t)n * n_groups + g;
+            float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits);
+            for (int b = g * group / 32, b1 = group_end(g, group, K) / 32; b < b1; b++) {
+#ifdef __AVX2__
+                __m256i codes = decode_block_avx2(row + (size_t)b * block_bytes, bits);
+                __m128i half[2] = {_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1)};
+                __m256 vs = _mm256_set1_ps(s), vzs = _mm256_set1_ps(z * s);
+                for (int q = 0; q < 4; q++) {
+                    __m128i c8 = q & 1 ? _mm_srli_si128(half[q >> 1], 8) : half[q >> 1];
+                    __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c8)), vs, vzs);
+                    size_t at = o + b * 32 + q * 8;
+                    if (out_kind == BF16) _mm_storeu_si128((__m128i*)((uint16_t*)out + at), float8_to_bf16(v));
+                    else _mm256_storeu_ps((float*)out + at, v);
+                }
+#else
+                uint8_t codes[32];
+                decode_block(row + (size_t)b * block_bytes, bits, codes);
+                for (int j = 0; j < 32; j++) {
+                    float v = (float)codes[j] * s - z * s;
+                    if (out_kind == BF16) ((uint16_t*)out)[o + b * 32 + j] = float_to_bf16(v);
+                    else ((float*)out)[o + b * 32 + j] = v;
+                }
+#endif
+            }
+        }
+    }
+}
