@@ -8,6 +8,7 @@ a smaller float dtype. Attention sees the dequantized history followed by the re
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -62,8 +63,8 @@ class IntChunk:
             return torch.cat([x.reshape(b, h, t1, -1), y.reshape(b, h, t2, -1)], dim=2).reshape(b * h * (t1 + t2), -1)
 
         q, r = self.q, other.q
-        joined = QuantizedTensor(cat(q.packed, r.packed), cat(q.scales, r.scales), cat(q.zeros, r.zeros),
-                                 (b * h * (t1 + t2), d), q.bits, q.group_size)
+        joined = dataclasses.replace(q, packed=cat(q.packed, r.packed), scales=cat(q.scales, r.scales),
+                                     zeros=cat(q.zeros, r.zeros), shape=(b * h * (t1 + t2), d))  # keeps q's class
         return IntChunk(joined, (b, h, t1 + t2, d), self.axis)
 
     def drop_first(self, n: int) -> "IntChunk | None":
@@ -76,7 +77,8 @@ class IntChunk:
         def rows(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.reshape(b, h, t, -1)[:, :, n:].reshape(b * h * (t - n), -1).contiguous()
 
-        kept = QuantizedTensor(rows(q.packed), rows(q.scales), rows(q.zeros), (b * h * (t - n), d), q.bits, q.group_size)
+        kept = dataclasses.replace(q, packed=rows(q.packed), scales=rows(q.scales), zeros=rows(q.zeros),
+                                   shape=(b * h * (t - n), d))
         return IntChunk(kept, (b, h, t - n, d), self.axis)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:

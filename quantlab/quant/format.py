@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from ..dtypes import DTYPES, SHORT_DTYPE, DtypeName  # noqa: F401  (re-exported for the formats)
@@ -70,6 +70,21 @@ class WeightFormat(BaseModel):
                 model.set_submodule(name, placed(new, old))
                 details[name] = {}
         return details
+
+
+class QuantizedWeightFormat(WeightFormat):
+    """A format that replaces linear weights by a stored form and may run the rest of the model in another dtype."""
+
+    compute_dtype: DtypeName | None = Field(default=None, description="activation dtype; null keeps the model's")
+
+    def prepare_model_(self, model: nn.Module) -> None:
+        from .offload import cast_
+
+        if self.compute_dtype:
+            cast_(model, DTYPES[self.compute_dtype])
+
+    def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
+        return DTYPES[self.compute_dtype] if self.compute_dtype else base
 
 
 WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format")

@@ -27,17 +27,27 @@ class GPTQSettings(AffineFormat):
     requires_calibration: ClassVar[bool] = True
     act_order: bool = Field(False, description="visit columns by decreasing Hessian diagonal (desc_act)")
     damp: float = Field(0.01, gt=0, lt=1, description="added to the Hessian diagonal, as a share of its mean")
+    true_sequential: bool = Field(True, description="within a layer, solve q/k/v, then o, then gate/up, then down, "
+                                  "each on the inputs the ones before produce (GPTQ's order); false: one pass per layer")
     backend_tag: ClassVar[str] = "gptq"
 
     @model_validator(mode="after")
     def _no_per_tensor(self) -> "GPTQSettings":
         if self.per_tensor:
             raise ValueError("GPTQ quantizes per output channel or per group; per_tensor is not supported")
+        if self.zero_point != "int":
+            raise ValueError("GPTQ stores integer zero points; zero_point: float is not supported")
         return self
 
     @property
     def label(self) -> str:
-        return f"{super().label}-{self.backend_tag}" + ("-act" if self.act_order else "")
+        return f"{super().label}-{self.backend_tag}" + ("-act" if self.act_order else "") + (
+            "" if self.true_sequential else "-onepass")
+
+    @property
+    def recorded_settings(self) -> dict[str, Any]:
+        """What a checkpoint's quantize config records of how the weights were made."""
+        return {"method": "gptq", "true_sequential": self.true_sequential, "damp_percent": self.damp}
 
     @property
     def stores_group_index(self) -> bool:
@@ -45,7 +55,7 @@ class GPTQSettings(AffineFormat):
 
 
 @WEIGHT_FORMATS.register("gptq", "GPTQ (Hessian-aware rounding, needs calibration); fields: bits, group_size, "
-                         "symmetric, act_order, damp, block_size, clip, scale_dtype, kernel")
+                         "symmetric, act_order, damp, true_sequential, block_size, clip, scale_dtype, kernel")
 class GPTQFormat(GPTQSettings):
     block_size: int = Field(128, ge=1, description="columns per lazy batch update")
 
@@ -63,7 +73,8 @@ class GPTQFormat(GPTQSettings):
             rtn = quantize_tensor(weight, self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
                                   clip=self.clip_search)
             errors[name] = {"gptq": output_error(weight, q, hessian), "rtn": output_error(weight, rtn, hessian)}
-            return QuantizedLinear.from_linear(module, q, self.kernels)
+            return QuantizedLinear.from_linear(module, q, self.kernels, self.recorded_settings)
 
-        stats = quantize_sequential_(model, selected, list(calibration or []), solve)
+        stats = quantize_sequential_(model, selected, list(calibration or []), solve,
+                                     true_sequential=self.true_sequential)
         return {name: {**stats[name], **{f"output_error_{k}": v for k, v in errors[name].items()}} for name in errors}

@@ -5,7 +5,10 @@ Layout, per quantized linear ``[out, in]`` with ``G`` groups:
 ``qzeros`` int32 ``[G, out * bits / 32]`` holding ``zero - 1`` (``checkpoint_format: gptq``, v1, as
 auto-gptq wrote it) or ``zero`` (``gptq_v2``), ``scales`` float16 ``[G, out]``, ``g_idx`` int32 ``[in]``.
 v1 dequantizes as ``scales[g_idx] * (q - (qzeros[g_idx] + 1))``. Bits 2, 4 and 8 are supported.
-GPTQModel loads v1 only for symmetric checkpoints from other producers; asymmetric ones should be v2.
+GPTQModel loads v1 only for symmetric checkpoints from other producers (v1's ``zero - 1`` cannot hold a zero
+point of 0, which some loaders' v1-to-v2 conversion turns into a carry into the next code), so ``save_gptq``
+writes v2 for asymmetric weights and v1 for symmetric ones unless told otherwise; both load in GPTQModel and in
+transformers' GPTQ integration.
 """
 from __future__ import annotations
 
@@ -88,16 +91,17 @@ def _quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
 
 
 def save_gptq(
-    model: nn.Module, folder: str | Path, tokenizer: Any | None = None, checkpoint_format: str = "gptq",
+    model: nn.Module, folder: str | Path, tokenizer: Any | None = None, checkpoint_format: str = "auto",
     extra_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``model`` (quantized with the dequantize+matmul kernel) as a GPTQ checkpoint with its config
-    (and ``tokenizer``, which loaders such as GPTQModel expect beside it)."""
+    (and ``tokenizer``, which loaders such as GPTQModel expect beside it). ``checkpoint_format``: ``gptq`` (v1),
+    ``gptq_v2``, or ``auto``: v2 for asymmetric weights, v1 for symmetric ones (what GPTQModel loads)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    if checkpoint_format not in FORMATS:
-        raise UnsupportedError(f"checkpoint_format must be one of {FORMATS}, got {checkpoint_format!r}")
+    if checkpoint_format not in (*FORMATS, "auto"):
+        raise UnsupportedError(f"checkpoint_format must be auto or one of {FORMATS}, got {checkpoint_format!r}")
     layers = _quantized_layers(model)
     if not layers:
         raise UnsupportedError("the model has no quantized linear layers to export")
@@ -108,13 +112,16 @@ def save_gptq(
             raise UnsupportedError(f"{name} uses kernel {layer.kernel_path}, whose layout is not exported; "
                                    "quantize with kernel: dequantize+matmul to export")
         q = layer.kernel.qtensor
-        settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None))
+        if checkpoint_format == "auto":
+            checkpoint_format = "gptq" if q.symmetric else "gptq_v2"
+        settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None,
+                      bool(layer.settings.get("true_sequential", False))))
         tensors.update({f"{name}.{k}": v.cpu() for k, v in to_gptq_tensors(q, checkpoint_format).items()})
         if layer.bias is not None:
             tensors[f"{name}.bias"] = layer.bias.data.to(torch.float16).cpu()
     if len(settings) != 1:
         raise UnsupportedError(f"layers were quantized with different settings {sorted(settings)}; the format has one")
-    bits, group_size, sym, desc_act = settings.pop()
+    bits, group_size, sym, desc_act, true_sequential = settings.pop()
     state = {k: v for k, v in model.state_dict().items() if not any(k.startswith(f"{n}.") for n in layers)}
     seen: dict[int, str] = {}
     for key, value in state.items():  # tied tensors are written once
@@ -123,7 +130,7 @@ def save_gptq(
             seen[ptr] = key
             tensors[key] = value.detach().cpu().contiguous()
     qconfig = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym, "static_groups": False,
-               "true_sequential": True, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
+               "true_sequential": true_sequential, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
                "meta": {"quantizer": ["quantlab:0.1.0"]}, **(extra_config or {})}
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -166,7 +173,8 @@ def load_gptq(
         bias = tensors.pop(f"{name}.bias", None)
         q = q.to(device)
         new = QuantizedLinear(DequantKernel(q) if kernels is None else choose_kernel(q, torch.device(device), dtype, kernels),
-                              None if bias is None else bias.to(device, dtype), q.bits, q.group_size)
+                              None if bias is None else bias.to(device, dtype), q.bits, q.group_size,
+                              {"true_sequential": bool(qconfig.get("true_sequential", False))})
         model.set_submodule(name, new)
     model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=False, assign=True)
     model.tie_weights()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 
 from ..errors import UnsupportedError
@@ -24,6 +25,25 @@ from .format import WEIGHT_FORMATS, Calibration
 from .gptq_checkpoint import from_gptq_tensors
 from .linear import QuantizedLinear
 from .gptq import GPTQSettings
+
+
+def save_dense(model: nn.Module, folder: Path) -> None:
+    """The model's tensors as they are now (one copy of tied ones) and its config without any quantization
+    config: what GPTQModel loads. ``save_pretrained`` refuses models transformers dequantized on load (GGUF)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, value in model.state_dict().items():  # the first name of a tied tensor (the input embedding) is kept
+        ptr = value.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            tensors[key] = value.detach().cpu().contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
 
 
 def _quantize_in_subprocess(folder: Path, spec: dict[str, Any]) -> None:
@@ -38,9 +58,25 @@ def _quantize_in_subprocess(folder: Path, spec: dict[str, Any]) -> None:
 
 
 @WEIGHT_FORMATS.register("gptqmodel", "GPTQ by the GPTQModel library (optional extra quantlab[gptq]); fields: bits, "
-                         "group_size, symmetric, act_order, damp, kernel")
+                         "group_size, symmetric, act_order, damp, true_sequential, act_group_aware, kernel")
 class GPTQModelFormat(GPTQSettings):
+    act_group_aware: bool = Field(False, description="GPTQModel's group-aware act-order; off (the default, passed "
+                                  "explicitly): the same algorithm as gptq")
     backend_tag: ClassVar[str] = "gptqmodel"
+
+    @model_validator(mode="after")
+    def _group_aware_needs_groups(self) -> "GPTQModelFormat":
+        if self.act_group_aware and self.group_size is None:
+            raise ValueError("act_group_aware: true needs a group_size (GPTQModel refuses it per channel)")
+        return self
+
+    @property
+    def label(self) -> str:
+        return super().label + ("-gar" if self.act_group_aware else "")
+
+    @property
+    def recorded_settings(self) -> dict[str, Any]:
+        return {**super().recorded_settings, "method": "gptqmodel", "act_group_aware": self.act_group_aware}
 
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         if importlib.util.find_spec("gptqmodel") is None:
@@ -54,10 +90,11 @@ class GPTQModelFormat(GPTQSettings):
         device = next(model.parameters()).device
         with tempfile.TemporaryDirectory(prefix="quantlab-gptqmodel-") as tmp:
             src, out = Path(tmp) / "src", Path(tmp) / "out"
-            model.save_pretrained(src)
+            save_dense(model, src)
             calibration.tokenizer.save_pretrained(src)
             config = {"bits": self.bits, "group_size": self.group_size or -1, "desc_act": self.act_order,
-                      "sym": self.symmetric, "damp_percent": self.damp,
+                      "sym": self.symmetric, "damp_percent": self.damp, "true_sequential": self.true_sequential,
+                      "act_group_aware": self.act_group_aware,
                       "device": "cpu" if device.type == "cpu" else None, "offload_to_disk": False}
             samples = [{"input_ids": ids[0].tolist(), "attention_mask": [1] * ids.shape[1]} for ids in calibration]
             _quantize_in_subprocess(Path(tmp), {"src": str(src), "out": str(out), "config": config, "samples": samples})
@@ -69,7 +106,8 @@ class GPTQModelFormat(GPTQSettings):
                 continue
             part = {k: tensors[f"{name}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
             q = from_gptq_tensors(part, self.bits, self.group_size or -1, self.symmetric, checkpoint_format)
-            model.set_submodule(name, QuantizedLinear.from_linear(model.get_submodule(name), q.to(device), self.kernels))
+            model.set_submodule(name, QuantizedLinear.from_linear(model.get_submodule(name), q.to(device), self.kernels,
+                                                                  self.recorded_settings))
             details[name] = {"backend": "gptqmodel"}
         if not details:
             raise UnsupportedError("GPTQModel quantized none of the selected modules")

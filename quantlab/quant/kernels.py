@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedError
-from .qtensor import QuantizedTensor
+from .qtensor import QuantizedTensor, WeightTensor
 
 INT4_GROUPS = (32, 64, 128, 256)
 
@@ -25,6 +25,7 @@ class Kernel(nn.Module):
     """A weight stored for one matmul path; ``forward(x)`` returns ``x @ Wᵀ`` (no bias)."""
 
     path: ClassVar[str]
+    tensor_type: ClassVar[type[WeightTensor]] = QuantizedTensor  # the stored forms this path takes
 
     @classmethod
     def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
@@ -46,7 +47,8 @@ class Kernel(nn.Module):
 
 
 class DequantKernel(Kernel):
-    """Any affine format: unpack and dequantize the generic layout, then a dense matmul.
+    """Any stored form (a ``WeightTensor``): dequantize it, then a dense matmul. Its tensors are held as buffers
+    and the tensor is rebuilt with its own class, so codebook and float forms keep their behaviour.
 
     On CPU (eager) this goes a block of output rows at a time, so the dense block stays in cache and
     is reused from the heap instead of a fresh, page-faulting allocation the size of the whole weight
@@ -57,27 +59,27 @@ class DequantKernel(Kernel):
     cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows on CPU
 
     path = "dequantize+matmul"
+    tensor_type = WeightTensor
 
-    def __init__(self, q: QuantizedTensor) -> None:
+    def __init__(self, q: WeightTensor) -> None:
         super().__init__()
-        self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
-        self.register_buffer("packed", q.packed)
-        self.register_buffer("scales", q.scales)
-        self.register_buffer("zeros", q.zeros)
-        self.register_buffer("g_idx", q.g_idx)
+        tensors, self._fields = q.split()
+        self._tensor_class, self.shape = type(q), q.shape
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
 
     @classmethod
-    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+    def supports(cls, q: WeightTensor, device: torch.device, dtype: torch.dtype) -> bool:
         return True
 
     @property
-    def qtensor(self) -> QuantizedTensor:
-        return QuantizedTensor(self.packed, self.scales, self.zeros, self.shape, self.bits, self.group_size, self.g_idx)
+    def qtensor(self) -> WeightTensor:
+        """The stored tensor, rebuilt from this kernel's buffers (on their device)."""
+        names = self._tensor_class.tensor_field_names()
+        return self._tensor_class(**{n: getattr(self, n) for n in names}, **self._fields)
 
     def analytic_nbytes(self) -> int:
-        q = self.qtensor
-        return QuantizedTensor.analytic_nbytes(q.shape, q.bits, q.group_size, q.symmetric,
-                                               q.scales.element_size(), q.g_idx is not None, q.per_tensor)
+        return self.qtensor.layout_nbytes()
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.qtensor.dequantize(dtype)
@@ -312,7 +314,7 @@ def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, 
     for path, cls in KERNELS.items():
         if allowed is None and not cls.in_auto(device):
             continue
-        if (allowed is None or path in allowed) and cls.supports(q, device, dtype):
+        if (allowed is None or path in allowed) and isinstance(q, cls.tensor_type) and cls.supports(q, device, dtype):
             try:
                 return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
             except UnsupportedError as e:

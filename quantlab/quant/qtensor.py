@@ -1,7 +1,11 @@
-"""QuantizedTensor: packed integer codes with group-wise scales and zero points."""
+"""Quantized weight tensors. ``WeightTensor`` is the interface every stored form shares; ``QuantizedTensor`` is
+the integer affine one (packed codes with group-wise scales and zero points). Codebook and float formats are
+their own subclasses (``nf4.py``, ``fp8.py``)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -9,8 +13,52 @@ from ..errors import UnsupportedError
 from .primitives import ClipSearch, choose_qparams, dequantize_affine, pack, packed_row_bytes, quantize_affine, unpack
 
 
+class WeightTensor:
+    """A 2-D weight ``[out, in]`` in some stored form. Subclasses are dataclasses whose tensor fields
+    (``tensor_field_names``) are the stored bytes, ``None`` where absent, and whose other fields describe them
+    (``shape`` among them), so moving, holding in a kernel's buffers and rebuilding keep the subclass."""
+
+    shape: tuple[int, int]
+
+    @classmethod
+    def tensor_field_names(cls) -> tuple[str, ...]:
+        """Fields that hold stored tensors (or ``None``)."""
+        raise NotImplementedError
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The stored tensors by field name (absent ones left out)."""
+        return {n: t for n in self.tensor_field_names() if (t := getattr(self, n)) is not None}
+
+    def split(self) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]]:
+        """``(tensor fields, other fields)``: ``type(self)(**tensor_fields, **other_fields)`` rebuilds it."""
+        names = self.tensor_field_names()
+        return ({n: getattr(self, n) for n in names},
+                {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in names})
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually held by the stored tensors."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.nbytes / (self.shape[0] * self.shape[1])
+
+    def layout_nbytes(self) -> int:
+        """Bytes this form needs, from its shape and description alone."""
+        raise NotImplementedError
+
+    def to(self, device: torch.device | str) -> "WeightTensor":
+        """The same tensor (same class) with its storage on ``device``."""
+        return dataclasses.replace(self, **{name: t.to(device) for name, t in self.tensors().items()})
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+        """The weight ``[out, in]`` as ``dtype``; ``rows`` selects a range of output rows."""
+        raise NotImplementedError
+
+
 @dataclass
-class QuantizedTensor:
+class QuantizedTensor(WeightTensor):
     """A 2-D weight ``[out, in]`` stored as packed ``bits``-bit codes.
 
     ``group_size`` is the number of consecutive input columns sharing a scale
@@ -24,6 +72,10 @@ class QuantizedTensor:
     bits: int
     group_size: int | None
     g_idx: torch.Tensor | None = None  # int32 [in]: group of each input column (act-order); None = contiguous
+
+    @classmethod
+    def tensor_field_names(cls) -> tuple[str, ...]:
+        return ("packed", "scales", "zeros", "g_idx")
 
     @property
     def n_groups(self) -> int:
@@ -51,31 +103,9 @@ class QuantizedTensor:
     def symmetric(self) -> bool:
         return self.zeros is None
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        out = {"packed": self.packed, "scales": self.scales}
-        if self.zeros is not None:
-            out["zeros"] = self.zeros
-        if self.g_idx is not None:
-            out["g_idx"] = self.g_idx
-        return out
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes actually held: packed codes + scales + zero points (+ group indices)."""
-        return sum(t.numel() * t.element_size() for t in self.tensors().values())
-
-    @property
-    def bits_per_weight(self) -> float:
-        return 8 * self.nbytes / (self.shape[0] * self.shape[1])
-
-    def to(self, device: torch.device | str) -> "QuantizedTensor":
-        """The same tensor with its storage on ``device``."""
-
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return QuantizedTensor(move(self.packed), move(self.scales), move(self.zeros), self.shape, self.bits,
-                               self.group_size, move(self.g_idx))
+    def layout_nbytes(self) -> int:
+        return QuantizedTensor.analytic_nbytes(self.shape, self.bits, self.group_size, self.symmetric,
+                                               self.scales.element_size(), self.g_idx is not None, self.per_tensor)
 
     def codes(self) -> torch.Tensor:
         return unpack(self.packed, self.bits, self.shape[1])

@@ -7,10 +7,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
-from .offload import cast_
+from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, QuantizedWeightFormat
 from .kernels import KERNELS
 from .linear import QuantizedLinear, linear_weight
+from .float_zero import FloatZeroTensor, quantize_float_zero
 from .primitives import ClipSearch
 from .qtensor import QuantizedTensor, quantize_tensor
 
@@ -18,7 +18,7 @@ from .qtensor import QuantizedTensor, quantize_tensor
 KernelChoice = Literal[("auto", *KERNELS)]  # type: ignore[valid-type]
 
 
-class AffineFormat(WeightFormat):
+class AffineFormat(QuantizedWeightFormat):
     """Fields shared by integer affine formats."""
 
     bits: int = Field(ge=2, le=8)
@@ -27,7 +27,8 @@ class AffineFormat(WeightFormat):
     per_tensor: bool = Field(False, description="one scale for the whole tensor (excludes group_size)")
     clip: Literal["none", "mse"] = Field("none", description="mse: search a narrower range per group (grid 100, shrink <= 0.8, norm 2.4)")
     scale_dtype: DtypeName = "float16"
-    compute_dtype: DtypeName | None = Field(default=None, description="activation dtype; null keeps the model's")
+    zero_point: Literal["int", "float"] = Field("int", description="float: each group's exact range with an unrounded "
+                                                "zero point (quanto's and HQQ's form; dequantize+matmul)")
     kernel: KernelChoice = Field("auto", description="matmul path; auto takes the fastest that supports the tensor")
 
     @property
@@ -40,6 +41,8 @@ class AffineFormat(WeightFormat):
             raise ValueError(f"group_size must be a power of two (e.g. 32, 64, 128), got {self.group_size}")
         if self.per_tensor and self.group_size is not None:
             raise ValueError("per_tensor: true excludes group_size; drop one")
+        if self.zero_point == "float" and (self.symmetric or self.per_tensor or self.clip != "none"):
+            raise ValueError("zero_point: float is for asymmetric groups or channels, without clip search")
         return self
 
     @property
@@ -50,6 +53,8 @@ class AffineFormat(WeightFormat):
     def label(self) -> str:
         granularity = "pt" if self.per_tensor else "pc" if self.group_size is None else f"g{self.group_size}"
         parts = [f"int{self.bits}", granularity, "sym" if self.symmetric else "asym"]
+        if self.zero_point == "float":
+            parts.append("fz")
         if self.clip != "none":
             parts.append(self.clip)
         if self.compute_dtype:
@@ -58,13 +63,6 @@ class AffineFormat(WeightFormat):
             parts.append(self.kernel)
         return "-".join(parts)
 
-    def prepare_model_(self, model: nn.Module) -> None:
-        if self.compute_dtype:
-            cast_(model, DTYPES[self.compute_dtype])
-
-    def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
-        return DTYPES[self.compute_dtype] if self.compute_dtype else base
-
     @property
     def stores_group_index(self) -> bool:
         """Whether each weight keeps a per-column group index (g_idx); GPTQ's act-order does."""
@@ -72,14 +70,20 @@ class AffineFormat(WeightFormat):
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         """The generic packed layout: codes, scales, zero points (asymmetric), group indices (act-order)."""
+        if self.zero_point == "float":
+            return FloatZeroTensor.analytic_nbytes((out_features, in_features), self.bits, self.group_size,
+                                                   DTYPES[self.scale_dtype].itemsize)
         return QuantizedTensor.analytic_nbytes((out_features, in_features), self.bits, self.group_size, self.symmetric,
                                                DTYPES[self.scale_dtype].itemsize, self.stores_group_index,
                                                self.per_tensor)
 
 
-@WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, scale_dtype, kernel")
+@WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, scale_dtype, zero_point, kernel")
 class RTNFormat(AffineFormat):
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
+        if self.zero_point == "float":
+            q = quantize_float_zero(linear_weight(module), self.bits, self.group_size, False, DTYPES[self.scale_dtype])
+            return QuantizedLinear.from_linear(module, q, self.kernels, {"method": "rtn"})
         q = quantize_tensor(linear_weight(module), self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
                             self.per_tensor, self.clip_search)
         return QuantizedLinear.from_linear(module, q, self.kernels)

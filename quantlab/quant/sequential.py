@@ -4,6 +4,12 @@ Inputs to the first decoder layer are captured once; then, for each layer, the
 Hessians ``H = 2 X Xᵀ / n`` of its selected linear inputs are accumulated, the
 layer's linears are solved and replaced, and the quantized layer is run again
 to produce the next layer's inputs (as GPTQ and GPTQModel do).
+
+True-sequential (the GPTQ paper's and GPTQModel's default): within a layer, the linears are solved a group at a
+time in the order they run, where a group is the linears that read the same input (q, k, v; then o; then gate,
+up; then down), and each group's Hessians are taken with the groups before it already quantized. The groups
+are found by running the layer once, not from a table per architecture. One pass (``true_sequential=False``)
+takes every Hessian of a layer from its unquantized linears.
 """
 from __future__ import annotations
 
@@ -100,6 +106,35 @@ def _run(layer: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def execution_groups(layer: nn.Module, names: list[str], args: tuple, kwargs: dict) -> list[list[str]]:
+    """``names`` (linears of ``layer``) in the order one forward calls them, consecutive ones that receive the
+    same input tensor grouped together; a linear that does not run is a group of its own at the end."""
+    calls: list[tuple[str, torch.Tensor]] = []
+
+    def record(module_name: str):
+        return lambda _m, a: calls.append((module_name, a[0]))
+
+    handles = [layer.get_submodule(n).register_forward_pre_hook(record(n)) for n in names]
+    try:
+        _run(layer, args, kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    groups: list[list[str]] = []
+    last_input: torch.Tensor | None = None
+    seen: set[str] = set()
+    for name, x in calls:
+        if name in seen:
+            continue
+        seen.add(name)
+        if groups and x is last_input:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+        last_input = x
+    return groups + [[n] for n in names if n not in seen]
+
+
 def _dense_twin(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """A dense linear holding a quantized module's dequantized weight: feeds calibration data fast."""
     weight = module.dequantize_weight(dtype)
@@ -113,13 +148,48 @@ def _dense_twin(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 Solve = Callable[[str, nn.Module, torch.Tensor], nn.Module]
 
 
+def _hessians(layer: nn.Module, names: list[str], inputs: list[tuple[tuple, dict]]) -> dict[str, HessianAccumulator]:
+    """The Hessian of each of ``names``' inputs over every calibration batch; each forward stops once the last
+    of them has run (the rest of the layer does not change them)."""
+    accumulators: dict[str, HessianAccumulator] = {}
+    handles = []
+    for name in names:
+        module = layer.get_submodule(name)
+        n_in = linear_weight(module).shape[1]  # (a shape: offloaded weights are on the meta device)
+        acc = accumulators[name] = HessianAccumulator(n_in, execution_device(module))
+        handles.append(module.register_forward_hook(lambda _m, a, _o, acc=acc: acc.add(a[0])))
+    seen: set[str] = set()
+
+    def stop_when_all_seen(name: str):
+        def hook(*_: Any) -> None:
+            seen.add(name)
+            if len(seen) == len(names):
+                raise _Stop
+        return hook
+
+    handles += [layer.get_submodule(n).register_forward_hook(stop_when_all_seen(n)) for n in names]
+    try:
+        for args, kwargs in inputs:
+            seen.clear()
+            try:
+                _run(layer, args, kwargs)
+            except _Stop:
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+    return accumulators
+
+
 @torch.no_grad()
 def quantize_sequential_(
-    model: nn.Module, selected: list[str], samples: list[torch.Tensor], solve: Solve, batch_size: int = 16
+    model: nn.Module, selected: list[str], samples: list[torch.Tensor], solve: Solve, batch_size: int = 16,
+    true_sequential: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Replace each selected linear by ``solve(name, module, hessian)``, layer by layer.
+    """Replace each selected linear by ``solve(name, module, hessian)``, layer by layer (and, with
+    ``true_sequential``, group by group within a layer).
 
-    Returns per-module statistics: the calibration rows seen by each layer.
+    Returns per-module statistics: the calibration rows seen and the module's group within its layer.
     """
     layers = decoder_layers(model)
     prefix = next(name for name, m in model.named_modules() if m is layers)
@@ -128,27 +198,19 @@ def quantize_sequential_(
     for index, layer in enumerate(progress(layers, "calibrated quantization, layers")):
         layer_prefix = f"{prefix}.{index}."
         names = [n[len(layer_prefix):] for n in selected if n.startswith(layer_prefix)]
-        accumulators: dict[str, HessianAccumulator] = {}
-        handles = []
-        for name in names:
-            module = layer.get_submodule(name)
-            n_in = linear_weight(module).shape[1]  # (a shape: offloaded weights are on the meta device)
-            acc = accumulators[name] = HessianAccumulator(n_in, execution_device(module))
-            handles.append(module.register_forward_hook(lambda _m, a, _o, acc=acc: acc.add(a[0])))
-        for args, kwargs in inputs:
-            _run(layer, args, kwargs)
-        for h in handles:
-            h.remove()
+        groups = (execution_groups(layer, names, *inputs[0]) if true_sequential else [names]) if names else []
         quantized = {}
-        originals = {}
-        for name in names:
-            original = originals[name] = layer.get_submodule(name)
-            with onloaded(original):  # offloaded weights are brought in for the solve only
-                quantized[name] = solve(layer_prefix + name, original, accumulators[name].hessian)
-            new = placed(quantized[name], original)
-            quantized[name] = new
-            layer.set_submodule(name, _dense_twin(new, linear_weight(original).dtype) if hasattr(new, "dequantize_weight") else new)
-            stats[layer_prefix + name] = {"calibration_rows": accumulators[name].rows}
+        for group_index, group in enumerate(groups):
+            accumulators = _hessians(layer, group, inputs)
+            for name in group:
+                original = layer.get_submodule(name)
+                with onloaded(original):  # offloaded weights are brought in for the solve only
+                    new = placed(solve(layer_prefix + name, original, accumulators[name].hessian), original)
+                quantized[name] = new
+                # Later groups and the next layer see this one's quantized output, computed densely (fast).
+                layer.set_submodule(name, _dense_twin(new, linear_weight(original).dtype)
+                                    if hasattr(new, "dequantize_weight") else new)
+                stats[layer_prefix + name] = {"calibration_rows": accumulators[name].rows, "sequential_group": group_index}
         inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
         for name, module in quantized.items():
             layer.set_submodule(name, module)

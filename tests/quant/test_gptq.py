@@ -88,3 +88,78 @@ def test_sequential_gptq_beats_rtn_on_every_layer() -> None:
 def test_gptq_needs_calibration() -> None:
     with pytest.raises(ValueError, match="needs calibration"):
         quantize_(make_llama(), WEIGHT_FORMATS["gptq"].build(bits=4))
+
+
+
+def test_a_layers_linears_are_grouped_by_shared_input_in_the_order_they_run() -> None:
+    from quantlab.quant.sequential import execution_groups
+
+    model = make_llama()
+    layer = model.model.layers[0]
+    names = sorted(n for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear))
+    hidden = torch.randn(1, 8, 128)
+    kwargs = {"position_embeddings": model.model.rotary_emb(hidden, torch.arange(8)[None]), "attention_mask": None}
+    assert execution_groups(layer, names, (hidden,), kwargs) == [
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.o_proj"],
+        ["mlp.gate_proj", "mlp.up_proj"], ["mlp.down_proj"]]
+    # A selected subset keeps the order they run in; a linear that never runs comes last, on its own.
+    layer.extra = torch.nn.Linear(128, 128)
+    assert execution_groups(layer, ["mlp.down_proj", "extra", "self_attn.o_proj"], (hidden,), kwargs) == [
+        ["self_attn.o_proj"], ["mlp.down_proj"], ["extra"]]
+
+
+def _o_proj_input_hessian(model: torch.nn.Module, calibration: list[torch.Tensor]) -> torch.Tensor:
+    from quantlab.quant.sequential import HessianAccumulator
+
+    acc = HessianAccumulator(128, torch.device("cpu"))
+    handle = model.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda _m, a: acc.add(a[0]))
+    with torch.no_grad():
+        for ids in calibration:
+            model(input_ids=ids, use_cache=False)
+    handle.remove()
+    return acc.hessian
+
+
+@pytest.mark.parametrize("true_sequential", [True, False])
+def test_true_sequential_takes_each_groups_hessian_after_the_groups_before_it(true_sequential: bool) -> None:
+    from quantlab.quant.linear import QuantizedLinear, linear_weight
+    from quantlab.quant.sequential import quantize_sequential_
+
+    model, reference = make_llama(), make_llama()  # the same seeded weights; reference stays unquantized
+    g = torch.Generator().manual_seed(0)
+    calibration = [torch.randint(0, 4096, (1, 32), generator=g) for _ in range(4)]
+    hessians: dict[str, torch.Tensor] = {}
+
+    def solve(name: str, module: torch.nn.Module, hessian: torch.Tensor) -> torch.nn.Module:
+        hessians[name] = hessian.clone()
+        return QuantizedLinear.from_linear(module, gptq_quantize(linear_weight(module), hessian, 2, 64))
+
+    selected = [f"model.layers.0.{n}" for n, m in model.model.layers[0].named_modules() if isinstance(m, torch.nn.Linear)]
+    stats = quantize_sequential_(model, selected, calibration, solve, true_sequential=true_sequential)
+    assert {stats[n]["sequential_group"] for n in selected} == ({0, 1, 2, 3} if true_sequential else {0})
+    recorded = hessians["model.layers.0.self_attn.o_proj"]
+    # True-sequential: o_proj's Hessian comes from the quantized q/k/v; one pass: from the original ones.
+    from_quantized, from_original = _o_proj_input_hessian(model, calibration), _o_proj_input_hessian(reference, calibration)
+    assert not torch.allclose(from_quantized, from_original, rtol=1e-3, atol=1e-5)
+    expected = from_quantized if true_sequential else from_original
+    assert torch.allclose(recorded, expected, rtol=1e-3, atol=1e-5)
+
+
+def test_the_gptq_label_and_checkpoint_record_the_order_used(tmp_path) -> None:
+    import json
+
+    from quantlab import save_gptq
+
+    assert WEIGHT_FORMATS["gptq"].build(bits=4, true_sequential=False).label == "int4-pc-asym-gptq-onepass"
+    calibration = [torch.randint(0, 4096, (1, 32), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    for true_sequential in (True, False):
+        model = make_llama()
+        fmt = WEIGHT_FORMATS["gptq"].build(bits=4, group_size=64, true_sequential=true_sequential,
+                                           kernel="dequantize+matmul")
+        quantize_(model, fmt, calibration)
+        save_gptq(model, tmp_path / str(true_sequential))
+        assert json.loads((tmp_path / str(true_sequential) / "quantize_config.json").read_text())["true_sequential"] is true_sequential
+    model = make_llama()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, kernel="dequantize+matmul"))
+    save_gptq(model, tmp_path / "rtn")  # round-to-nearest is no sequential method at all
+    assert json.loads((tmp_path / "rtn" / "quantize_config.json").read_text())["true_sequential"] is False

@@ -42,7 +42,9 @@ def test_model_export_and_import_give_the_same_logits(tmp_path: Path) -> None:
     quantize_(model, fmt, calibration)
     save_gptq(model, tmp_path / "ckpt")
     qconfig = json.loads((tmp_path / "ckpt" / "quantize_config.json").read_text())
-    assert qconfig == {**qconfig, "bits": 4, "group_size": 64, "desc_act": True, "sym": False, "checkpoint_format": "gptq"}
+    # Asymmetric weights are written as v2 by default (GPTQModel refuses v1 asymmetric checkpoints of other makers).
+    assert qconfig == {**qconfig, "bits": 4, "group_size": 64, "desc_act": True, "sym": False, "checkpoint_format": "gptq_v2",
+                       "true_sequential": True}
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["quantization_config"]["quant_method"] == "gptq"
     keys = load_file(tmp_path / "ckpt" / "model.safetensors")
     assert "model.layers.0.self_attn.q_proj.qweight" in keys and "model.layers.0.self_attn.q_proj.weight" not in keys
@@ -101,3 +103,72 @@ def test_gptqmodel_loads_our_checkpoints(tmp_path: Path, symmetric: bool, checkp
     with torch.no_grad():
         ref, got = model.float()(ids).logits, loaded.model(ids).logits.float()
     assert ((got - ref).norm() / ref.norm()) < 0.01
+
+
+def _bundled_int4(symmetric: bool, group_size: int = 128):
+    """The bundled model in fp16, int4 round-to-nearest in the checkpoint's own layout, with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantlab.models import bundled_models
+
+    src = bundled_models()["tiny-stdlib-llama"]
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float16)
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=group_size, symmetric=symmetric, kernel="dequantize+matmul"))
+    return model, AutoTokenizer.from_pretrained(src)
+
+
+def _sample_ids(tokenizer) -> torch.Tensor:
+    from quantlab.data import load_text
+
+    return tokenizer(load_text("bundled-heldout").text[:4000], return_tensors="pt")["input_ids"][:, :256]
+
+
+def _agreement(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Relative error of the logits and the share of positions whose top token is the same."""
+    got, ref = got.float(), ref.float()
+    return ((got - ref).norm() / ref.norm()).item(), (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_the_default_checkpoint_loads_in_gptqmodel_and_in_transformers(tmp_path: Path, symmetric: bool) -> None:
+    pytest.importorskip("gptqmodel")
+    pytest.importorskip("optimum.gptq")  # transformers loads GPTQ checkpoints through optimum
+    from gptqmodel import BACKEND, GPTQModel
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = _bundled_int4(symmetric)
+    save_gptq(model, tmp_path / "ckpt", tokenizer=tokenizer)  # the default checkpoint_format
+    ids = _sample_ids(tokenizer)
+    with torch.no_grad():
+        ref = model(ids).logits  # quantlab's layers, fp16 like the loaders'
+        by_gptqmodel = GPTQModel.load(str(tmp_path / "ckpt"), device="cpu", backend=BACKEND.TORCH,
+                                      dtype=torch.float16).model(ids).logits
+        by_transformers = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", device_map="cpu",
+                                                               dtype=torch.float16)(ids).logits
+    for got in (by_gptqmodel, by_transformers):
+        error, top1 = _agreement(got, ref)
+        assert error < 0.01 and top1 >= 0.99, (error, top1)  # fp16 rounding apart
+
+
+@pytest.mark.slow
+def test_a_checkpoint_gptqmodel_made_loads_in_quantlab(tmp_path: Path) -> None:
+    pytest.importorskip("gptqmodel")
+    from gptqmodel import BACKEND, GPTQModel
+    from transformers import AutoTokenizer
+
+    from quantlab.models import bundled_models
+    from quantlab.quant.gptqmodel_backend import _quantize_in_subprocess
+
+    src = bundled_models()["tiny-stdlib-llama"]
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    samples = [{"input_ids": row.tolist(), "attention_mask": [1] * len(row)} for row in _sample_ids(tokenizer).reshape(-1, 64)]
+    config = {"bits": 4, "group_size": 64, "sym": False, "act_group_aware": False, "device": "cpu", "offload_to_disk": False}
+    # GPTQModel quantizes and saves in a process of its own (quantlab's worker for the gptqmodel format).
+    _quantize_in_subprocess(tmp_path, {"src": str(src), "out": str(tmp_path / "theirs"), "config": config, "samples": samples})
+    ids = _sample_ids(tokenizer)
+    with torch.no_grad():
+        ref = GPTQModel.load(str(tmp_path / "theirs"), device="cpu", backend=BACKEND.TORCH,
+                             dtype=torch.float16).model(ids).logits
+        ours = load_gptq(tmp_path / "theirs", dtype=torch.float16)(ids).logits
+    error, top1 = _agreement(ours, ref)
+    assert error < 0.01 and top1 >= 0.99, (error, top1)
