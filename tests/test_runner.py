@@ -200,10 +200,12 @@ def test_synthetic_model_runs_latency_and_memory(small_model_dir: Path, tmp_path
 
 @pytest.mark.slow
 def test_gptq_beats_rtn_on_the_bundled_model(tmp_path: Path) -> None:
-    """The GPTQ paper's shape on the bundled model: closer to fp32 than RTN at 4 bits per channel and 3 bits g128."""
+    """The GPTQ paper's shape on the bundled model: closer to fp32 than RTN at 3 bits, per channel and g128, where
+    RTN loses 2.6 and 1.2 perplexity. (At 4 bits per channel RTN is within 0.3% of fp32 on this model, and
+    GPTQ's result there, 0.1-0.3% either way with the calibration order, says nothing.)"""
     recipe = validate_recipe({
         "name": "gptq-vs-rtn", "model": {"bundled": "tiny-stdlib-llama"},
-        "weights": ["fp32", {"format": "int4"}, {"format": "gptq", "bits": 4},
+        "weights": ["fp32", {"format": "int3"}, {"format": "gptq", "bits": 3},
                     {"format": "int3", "group_size": 128}, {"format": "gptq", "bits": 3, "group_size": 128}],
         "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
         "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 16384}},
@@ -211,8 +213,8 @@ def test_gptq_beats_rtn_on_the_bundled_model(tmp_path: Path) -> None:
     })
     rows = {r["variant"]: r for r in read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")}
     gap = {k: r["perplexity"] - rows["fp32"]["perplexity"] for k, r in rows.items()}
-    assert 0 < gap["int4-pc-asym-gptq"] < gap["int4-pc-asym"]
-    assert 0 < gap["int3-g128-asym-gptq"] < gap["int3-g128-asym"]
+    assert 0 < gap["int3-pc-asym-gptq"] < 0.5 * gap["int3-pc-asym"]
+    assert 0 < gap["int3-g128-asym-gptq"] < 0.5 * gap["int3-g128-asym"]
 
 
 def test_gptq_layer_error_is_below_rtn_for_every_layer_of_the_bundled_model() -> None:
