@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from ..errors import UnsupportedError
-from .format import SHORT_DTYPE, WEIGHT_FORMATS, QuantizedWeightFormat
+from .format import WEIGHT_FORMATS, QuantizedWeightFormat
 from .linear import QuantizedLinear, linear_weight
 from .primitives import check_finite, pack, packed_row_bytes, unpack
 from .qtensor import WeightTensor
@@ -162,7 +162,7 @@ class CodebookFormat(QuantizedWeightFormat):
     @property
     def label(self) -> str:
         parts = [self.codebook, f"b{self.block_size}"] + (["dq"] if self.double_quant else [])
-        return "-".join(parts + ([SHORT_DTYPE[self.compute_dtype]] if self.compute_dtype else []))
+        return "-".join(parts + self.compute_dtype_label())
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return CodebookTensor.analytic_nbytes((out_features, in_features), self.block_size, self.double_quant)

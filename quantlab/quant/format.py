@@ -86,5 +86,9 @@ class QuantizedWeightFormat(WeightFormat):
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return DTYPES[self.compute_dtype] if self.compute_dtype else base
 
+    def compute_dtype_label(self) -> list[str]:
+        """The label part naming the compute dtype (none when the model's is kept)."""
+        return [SHORT_DTYPE[self.compute_dtype]] if self.compute_dtype else []
+
 
 WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format")

@@ -14,7 +14,7 @@ from pydantic import Field
 from torch import nn
 
 from ..errors import UnsupportedError
-from .format import SHORT_DTYPE, WEIGHT_FORMATS, QuantizedWeightFormat
+from .format import WEIGHT_FORMATS, QuantizedWeightFormat
 from .linear import QuantizedLinear, linear_weight
 from .primitives import check_finite
 from .qtensor import WeightTensor
@@ -77,7 +77,7 @@ class FP8Format(QuantizedWeightFormat):
     @property
     def label(self) -> str:
         parts = ["fp8", self.kind, "pt" if self.per_tensor else "pc"]
-        return "-".join(parts + ([SHORT_DTYPE[self.compute_dtype]] if self.compute_dtype else []))
+        return "-".join(parts + self.compute_dtype_label())
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return Float8Tensor.analytic_nbytes((out_features, in_features), self.per_tensor)

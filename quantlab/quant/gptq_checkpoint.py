@@ -86,6 +86,19 @@ def from_gptq_tensors(
     )
 
 
+def untied_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each storage once, under its first name (tied weights: the input embedding's), detached,
+    contiguous and on the CPU, as safetensors writes them."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        ptr = value.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            out[key] = value.detach().cpu().contiguous()
+    return out
+
+
 def _quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
 
@@ -123,12 +136,7 @@ def save_gptq(
         raise UnsupportedError(f"layers were quantized with different settings {sorted(settings)}; the format has one")
     bits, group_size, sym, desc_act, true_sequential = settings.pop()
     state = {k: v for k, v in model.state_dict().items() if not any(k.startswith(f"{n}.") for n in layers)}
-    seen: dict[int, str] = {}
-    for key, value in state.items():  # tied tensors are written once
-        ptr = value.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen[ptr] = key
-            tensors[key] = value.detach().cpu().contiguous()
+    tensors.update(untied_tensors(state))
     qconfig = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym, "static_groups": False,
                "true_sequential": true_sequential, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
                "meta": {"quantizer": ["quantlab:0.1.0"]}, **(extra_config or {})}

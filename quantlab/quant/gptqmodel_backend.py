@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import UnsupportedError
 from .format import WEIGHT_FORMATS, Calibration
-from .gptq_checkpoint import from_gptq_tensors
+from .gptq_checkpoint import from_gptq_tensors, untied_tensors
 from .linear import QuantizedLinear
 from .gptq import GPTQSettings
 
@@ -33,14 +33,7 @@ def save_dense(model: nn.Module, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, value in model.state_dict().items():  # the first name of a tied tensor (the input embedding) is kept
-        ptr = value.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            tensors[key] = value.detach().cpu().contiguous()
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(untied_tensors(model.state_dict()), folder / "model.safetensors", metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))

@@ -15,10 +15,9 @@ import functools
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from . import native
-from .kernels import Kernel, _column_order, register_kernel
+from .kernels import Kernel, act_order_columns, linear_in_row_blocks, register_kernel
 from .qtensor import QuantizedTensor
 
 BLOCK = 32  # codes per block: input widths and group sizes must be multiples of it
@@ -116,7 +115,7 @@ class BitplaneCPUKernel(Kernel):
         _library()  # build (or find) the C kernel now: a failure passes the choice on
         self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
         self.group = q.group_size or q.shape[1]
-        order = _column_order(q)
+        order = act_order_columns(q)
         codes = q.codes() if order is None else q.codes()[:, order.long()]
         self.register_buffer("planes", to_bitplanes(codes, q.bits))
         self.register_buffer("scales", q.scales.contiguous())
@@ -155,10 +154,8 @@ class BitplaneCPUKernel(Kernel):
             y = op(x2.float(), self.planes, self.scales, self.zeros, self.bits, self.group)
         else:
             dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
-            block = max(1, self.cpu_block_elements // self.shape[1])
-            x2 = x2.to(dense)
-            y = torch.cat([F.linear(x2, self._rows(r, min(r + block, self.shape[0]), dense))
-                           for r in range(0, self.shape[0], block)], dim=-1)
+            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self._rows(start, stop, dense), self.shape,
+                                     self.cpu_block_elements)
         return y.reshape(*lead, -1).to(x.dtype)
 
 

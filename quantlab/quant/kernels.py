@@ -9,7 +9,7 @@ dequantize+matmul.
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -87,12 +87,22 @@ class DequantKernel(Kernel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or torch.compiler.is_compiling():
             return F.linear(x, self.dequantize(x.dtype))
-        q, out = self.qtensor, self.shape[0]
-        block = max(1, self.cpu_block_elements // self.shape[1])
-        return torch.cat([F.linear(x, q.dequantize(x.dtype, slice(r, r + block))) for r in range(0, out, block)], dim=-1)
+        q = self.qtensor
+        return linear_in_row_blocks(x, lambda start, stop: q.dequantize(x.dtype, slice(start, stop)), self.shape,
+                                    self.cpu_block_elements)
 
 
-def _column_order(q: QuantizedTensor) -> torch.Tensor | None:
+def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int],
+                         block_elements: int) -> torch.Tensor:
+    """``x @ Wᵀ`` with W built ``rows(start, stop)`` a block of output rows at a time (about ``block_elements``
+    weights), so each dense block stays in cache and is reused from the heap instead of a fresh, page-faulting
+    allocation the size of the whole weight."""
+    out, n_in = shape
+    block = max(1, block_elements // n_in)
+    return torch.cat([F.linear(x, rows(r, min(r + block, out))) for r in range(0, out, block)], dim=-1)
+
+
+def act_order_columns(q: QuantizedTensor) -> torch.Tensor | None:
     """For act-order tensors: input columns sorted by group, so each group is contiguous."""
     return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
 
@@ -135,7 +145,7 @@ class Int4Kernel(Kernel):
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
         self.shape, self.group, self.tail = q.shape, _int4_group(q), _int4_tail(q) or 0
-        order = _column_order(q)
+        order = act_order_columns(q)
         codes = q.codes() if order is None else q.codes()[:, order.long()]
         sz = _int4_scales_and_zeros(q, self.group, dtype)
         head = q.shape[1] - self.tail

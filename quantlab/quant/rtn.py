@@ -1,13 +1,13 @@
 """Affine round-to-nearest weight quantization (per output channel or in groups along the input)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from .format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, QuantizedWeightFormat
+from .format import DTYPES, WEIGHT_FORMATS, DtypeName, QuantizedWeightFormat
 from .kernels import KERNELS
 from .linear import QuantizedLinear, linear_weight
 from .float_zero import FloatZeroTensor, quantize_float_zero
@@ -57,8 +57,7 @@ class AffineFormat(QuantizedWeightFormat):
             parts.append("fz")
         if self.clip != "none":
             parts.append(self.clip)
-        if self.compute_dtype:
-            parts.append(SHORT_DTYPE[self.compute_dtype])
+        parts += self.compute_dtype_label()
         if self.kernel != "auto":
             parts.append(self.kernel)
         return "-".join(parts)
@@ -80,10 +79,14 @@ class AffineFormat(QuantizedWeightFormat):
 
 @WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, scale_dtype, zero_point, kernel")
 class RTNFormat(AffineFormat):
+    solves_zero_points: ClassVar[bool] = False  # float zero points refined by HQQ's solve (the hqq format)
+
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
         if self.zero_point == "float":
-            q = quantize_float_zero(linear_weight(module), self.bits, self.group_size, False, DTYPES[self.scale_dtype])
-            return QuantizedLinear.from_linear(module, q, self.kernels, {"method": "rtn"})
+            q = quantize_float_zero(linear_weight(module), self.bits, self.group_size, self.solves_zero_points,
+                                    DTYPES[self.scale_dtype])
+            method = "hqq" if self.solves_zero_points else "rtn"
+            return QuantizedLinear.from_linear(module, q, self.kernels, {"method": method})
         q = quantize_tensor(linear_weight(module), self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
                             self.per_tensor, self.clip_search)
         return QuantizedLinear.from_linear(module, q, self.kernels)
