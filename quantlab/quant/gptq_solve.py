@@ -3,9 +3,13 @@
 ``H = 2 X Xᵀ / n`` over calibration inputs X. Columns are quantized one at a time
 and the error of each is spread over the not-yet-quantized columns through the
 upper Cholesky factor of ``H⁻¹``, with lazy batch updates of ``block_size``
-columns. Group scales are chosen from the error-updated weights when a group
-starts; with ``act_order`` columns are visited by decreasing ``diag(H)`` and
-``g_idx`` records the group of each original column.
+columns. Group scales are chosen when a group starts, from the weights as the
+last block update left them (the reference implementation's choice, which
+GPTQModel and AutoGPTQ keep); with ``act_order`` columns are visited by
+decreasing ``diag(H)`` and ``g_idx`` records the group of each original column.
+Scales are float32 during the solve, as in the reference, and rounded to
+``scale_dtype`` (nearest) when stored: the codes equal GPTQModel's for the same
+weight and Hessian.
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ def gptq_quantize(
     codes = torch.zeros(out, n_in, dtype=torch.uint8, device=w.device)
     scales, zeros = [], []
     if group_size is None:
-        scale, zero = choose_qparams(w.unsqueeze(1), bits, symmetric, scale_dtype, clip)
+        scale, zero = choose_qparams(w.unsqueeze(1), bits, symmetric, torch.float32, clip)
         scales.append(scale), zeros.append(zero)
     for i1 in range(0, n_in, block_size):
         i2 = min(i1 + block_size, n_in)
@@ -68,8 +72,7 @@ def gptq_quantize(
         for i in range(i2 - i1):
             col = i1 + i
             if group_size is not None and col % gs == 0:
-                group = torch.cat([w1[:, i:], w[:, i2:]], dim=1)[:, :gs]
-                scale, zero = choose_qparams(group.unsqueeze(1), bits, symmetric, scale_dtype, clip)
+                scale, zero = choose_qparams(w[:, col:col + gs].unsqueeze(1), bits, symmetric, torch.float32, clip)
                 scales.append(scale), zeros.append(zero)
             s, z = scales[-1][:, 0].float(), zeros[-1][:, 0].float()
             q = torch.clamp(torch.round(w1[:, i] / s) + z, 0, max_code(bits))
@@ -80,7 +83,7 @@ def gptq_quantize(
         w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
 
     inv = torch.argsort(perm)
-    scale_t, zero_t = torch.cat(scales, dim=1), torch.cat(zeros, dim=1)
+    scale_t, zero_t = torch.cat(scales, dim=1).to(scale_dtype), torch.cat(zeros, dim=1)
     g_idx = None
     if act_order and group_size is not None:
         g_idx = (torch.arange(n_in, device=w.device) // gs)[inv].to(torch.int32)

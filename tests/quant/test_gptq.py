@@ -29,7 +29,7 @@ def test_gptq_output_error_is_below_rtn(bits: int, group_size: int | None, act_o
 def test_identity_hessian_reduces_to_round_to_nearest() -> None:
     w, _, _ = _problem()
     q = gptq_quantize(w, torch.eye(256), 4, 64, damp=1e-6)
-    assert torch.equal(q.codes(), quantize_tensor(w, 4, 64).codes())
+    assert torch.equal(q.codes(), quantize_tensor(w, 4, 64, scale_dtype=torch.float32).codes())  # fp32 in the solve
 
 
 def test_act_order_records_the_group_of_every_column() -> None:
@@ -163,3 +163,27 @@ def test_the_gptq_label_and_checkpoint_record_the_order_used(tmp_path) -> None:
     quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, kernel="dequantize+matmul"))
     save_gptq(model, tmp_path / "rtn")  # round-to-nearest is no sequential method at all
     assert json.loads((tmp_path / "rtn" / "quantize_config.json").read_text())["true_sequential"] is False
+
+
+@pytest.mark.parametrize("group_size,act_order", [(None, False), (32, False), (64, True), (128, False)])
+def test_the_solve_gives_gptqmodels_weights_for_the_same_weight_and_hessian(
+    group_size: int | None, act_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPTQModel's own GPTQ class on the same weight and calibration rows: the same quantized weight (both with
+    float32 scales; GPTQModel's group scales come from the weights as the last block update left them)."""
+    monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "1")
+    pytest.importorskip("gptqmodel")
+    from gptqmodel.quantization.config import QuantizeConfig
+    from gptqmodel.quantization.gptq import GPTQ
+
+    w, x, h = _problem()
+    linear = torch.nn.Linear(256, 64, bias=False)
+    linear.weight.data = w.clone()
+    theirs = GPTQ(linear, qcfg=QuantizeConfig(bits=4, group_size=group_size or -1, sym=False, desc_act=act_order,
+                                              act_group_aware=False, damp_percent=0.01, damp_auto_increment=0.0))
+    theirs.quantizer.configure(perchannel=True)
+    for rows in x.split(512):
+        theirs.add_batch(rows.unsqueeze(0), None)
+    their_weight = theirs.quantize()[0]
+    ours = gptq_quantize(w, h, 4, group_size, act_order=act_order, scale_dtype=torch.float32)
+    torch.testing.assert_close(ours.dequantize(), their_weight.float(), rtol=0, atol=1e-6)
