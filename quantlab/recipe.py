@@ -224,7 +224,7 @@ class Variant:
             "kv": {"format": KV_FORMATS.canonical_name(self.kv), **dump(self.kv)}, "workload": dump(r.workload),
             "evaluations": dump(r.evaluations), "device": r.device, "seed": r.seed,
         }
-        if self.weight.requires_calibration:
+        if self.weight.needs_calibration:
             payload["calibration"] = dump(r.calibration)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -247,6 +247,8 @@ def resolve_format(registry: Registry[Any], entry: Any, file: str, where: str) -
     except QuantlabError as e:
         raise RecipeError(file, f"{where}.format", str(e)) from None
     allowed = [f for f in preset.cls.model_fields if f not in preset.fixed]
+    if "overrides" in params and "overrides" in allowed:
+        params["overrides"] = _resolve_overrides(registry, params["overrides"], file, f"{where}.overrides")
     for key in params:
         if key in preset.fixed:
             raise RecipeError(file, f"{where}.{key}", f"'{key}' is fixed by format '{name}' (settable: {', '.join(allowed)})")
@@ -257,6 +259,20 @@ def resolve_format(registry: Registry[Any], entry: Any, file: str, where: str) -
     except ValidationError as e:
         path, msg = first_error(e, preset.cls, where)
         raise RecipeError(file, path, msg) from None
+
+
+def _resolve_overrides(registry: Registry[Any], entries: Any, file: str, where: str) -> list[dict[str, Any]]:
+    """``[{modules: GLOB(S), format: NAME, field: value...}]`` with each format built (errors name the entry)."""
+    if not isinstance(entries, list):
+        raise RecipeError(file, where, "expected a list of {modules: GLOB or [GLOBS], format: NAME, ...}")
+    resolved = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("modules"), (str, list)) or not entry["modules"]:
+            raise RecipeError(file, f"{where}[{i}].modules", "required: a glob of module names (e.g. '*.down_proj') "
+                              "or a list of them")
+        params = {k: v for k, v in entry.items() if k != "modules"}
+        resolved.append({"modules": entry["modules"], "format": resolve_format(registry, params, file, f"{where}[{i}]")})
+    return resolved
 
 
 def _resolve_formats(data: dict[str, Any], key: str, registry: Registry[Any], file: str) -> None:
@@ -277,6 +293,12 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
                 if not p.exists():
                     raise RecipeError(file, f"model.{key}", f"no such {'folder' if key == 'path' else 'file'}: {p}")
                 model[key] = str(p)
+    for i, entry in enumerate(data.get("weights") if isinstance(data.get("weights"), list) else []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):  # a checkpoint folder
+            p = (base / os.path.expanduser(entry["path"])).resolve()
+            if not p.is_dir():
+                raise RecipeError(file, f"weights[{i}].path", f"no such folder: {p}")
+            entry["path"] = str(p)
     evaluations = data.get("evaluations") if isinstance(data.get("evaluations"), dict) else {}
     for i, task in enumerate(evaluations.get("lm_eval_tasks") or []):
         if isinstance(task, dict) and isinstance(task.get("include_path"), str):

@@ -130,7 +130,7 @@ def _check_lengths(recipe: Recipe, config: Any) -> None:
     if ppl is not None and ppl.window_tokens > limit:
         raise RecipeError(recipe.source, "evaluations.perplexity.window_tokens",
                           f"{ppl.window_tokens} exceeds the model's position limit {limit} ({source})")
-    if any(w.requires_calibration for w in recipe.weights) and recipe.calibration.seq_len > limit:
+    if any(w.needs_calibration for w in recipe.weights) and recipe.calibration.seq_len > limit:
         raise RecipeError(recipe.source, "calibration.seq_len",
                           f"{recipe.calibration.seq_len} exceeds the model's position limit {limit} ({source})")
 

@@ -119,3 +119,34 @@ def test_shipped_recipes_validate() -> None:
                 load_recipe(path)
             continue
         assert load_recipe(path).variants()
+
+
+MIXED = {"format": "int4", "group_size": 128, "exclude": ["*.o_proj"],
+         "overrides": [{"modules": "*.down_proj", "format": "int8"},
+                       {"modules": ["*.q_proj"], "format": "gptq", "bits": 4}]}
+
+
+def test_per_module_formats_parse_label_and_round_trip(tmp_path: Path) -> None:
+    from quantlab import validate_recipe
+
+    r = load_recipe(_write(tmp_path, {**GOOD, "weights": ["fp32", MIXED]}))
+    mixed = r.variants()[1]
+    assert mixed.label == "int4-g128-asym-no:o_proj+int8-pc-asym@down_proj+int4-pc-asym-gptq@q_proj"
+    assert mixed.weight.needs_calibration
+    again = validate_recipe(r.to_spec())
+    assert [v.key for v in again.variants()] == [v.key for v in r.variants()]
+    plain = load_recipe(_write(tmp_path, GOOD)).variants()[1]
+    assert plain.key != mixed.key
+
+
+def test_override_errors_name_the_entry(tmp_path: Path) -> None:
+    e = _error(tmp_path, {**GOOD, "weights": [{**MIXED, "overrides": [{"format": "int8"}]}]})
+    assert "weights[0].overrides[0].modules" in str(e) and "glob" in str(e)
+    e = _error(tmp_path, {**GOOD, "weights": [{**MIXED, "overrides": [{"modules": "*.x", "format": "int9"}]}]})
+    assert "weights[0].overrides[0].format" in str(e) and "int8" in str(e)
+    e = _error(tmp_path, {**GOOD, "weights": [{**MIXED, "overrides": [{"modules": "*.x", "format": "int8", "bitz": 3}]}]})
+    assert "weights[0].overrides[0].bitz" in str(e)
+    e = _error(tmp_path, {**GOOD, "weights": [{**MIXED, "overrides": "int8"}]})
+    assert "weights[0].overrides" in str(e)
+    e = _error(tmp_path, {**GOOD, "weights": [{**MIXED, "overrides": [{"modules": "*.x", "format": "bf16"}]}]})
+    assert "weights[0]" in str(e) and "compute_dtype" in str(e)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quantlab import run_recipe, validate_recipe
+from quantlab import WEIGHT_FORMATS, run_recipe, validate_recipe
 from quantlab.results import read_jsonl
 
 WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1}
@@ -79,6 +79,20 @@ def test_report_is_rebuilt_from_results_jsonl(quickstart_slice: Path) -> None:
 def _small_recipe(model_dir: Path, weights: list) -> dict:
     return {"name": "small", "model": {"path": str(model_dir)}, "weights": weights, "workload": WORKLOAD,
             "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 512}}, "isolation": "none", "device": "cpu"}
+
+
+def test_a_per_module_mix_is_a_variant_whose_bytes_follow_each_module(small_model_dir: Path, tmp_path: Path) -> None:
+    mixed = {"format": "int4", "group_size": 32, "overrides": [{"modules": "*.down_proj", "format": "int8"}]}
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["int8", {"format": "int4", "group_size": 32}, mixed]))
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = {r["variant"]: r for r in read_jsonl(out / "results.jsonl")}
+    mix = rows["int4-g32-asym+int8-pc-asym@down_proj"]
+    assert mix["status"] == "ok"
+    assert rows["int4-g32-asym"]["weight_bytes"] < mix["weight_bytes"] < rows["int8-pc-asym"]["weight_bytes"]
+    # The down projections (2 layers of 128x256) cost int8's bytes instead of int4-g32's.
+    int4, int8 = WEIGHT_FORMATS["int4"].build(group_size=32), WEIGHT_FORMATS["int8"].build()
+    extra = 2 * (int8.linear_weight_bytes(128, 256, None) - int4.linear_weight_bytes(128, 256, None))
+    assert mix["weight_bytes"] - rows["int4-g32-asym"]["weight_bytes"] == extra
 
 
 def test_a_failing_variant_is_recorded_and_the_run_goes_on(small_model_dir: Path, tmp_path: Path) -> None:

@@ -121,12 +121,14 @@ class Estimate:
 
 
 def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -> WeightPayload:
-    """Bytes of every tensor under ``fmt``: selected linear weights in its layout, the rest in its unquantized dtype."""
+    """Bytes of every tensor under ``fmt``: selected linear weights in the layout of the format each is given
+    (overrides included), the rest in the unquantized dtype."""
     keep = fmt.unquantized_dtype(base)
     total = quantized_params = quantized_bytes = 0
     for t in inventory.tensors:
-        if t.quantizable:
-            b = fmt.linear_weight_bytes(t.shape[0], t.shape[1], base)
+        module_format = fmt.format_for(t.name.rsplit(".", 1)[0]) if t.quantizable else None
+        if module_format is not None:
+            b = module_format.linear_weight_bytes(t.shape[0], t.shape[1], base)
             quantized_params += t.numel
             quantized_bytes += b
             total += b

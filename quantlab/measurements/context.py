@@ -78,7 +78,7 @@ class VariantContext:
         start = time.perf_counter()
         self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
         weight = self.variant.weight
-        calibration = calibration_for(self.recipe, self.loaded) if weight.requires_calibration else None
+        calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
         self.quantize_report = quantize_(self.loaded.model, weight, calibration)
         self.quantize_s = round(time.perf_counter() - start, 3)
 

@@ -54,14 +54,29 @@ def quantize_(
     ``calibration``: token-id tensors ``[1, seq]`` (or a ``Calibration``) for formats that need them.
     By default every linear layer is quantized except the output embedding;
     embeddings and norms stay in the base dtype. ``include`` / ``exclude`` are
-    glob patterns on module names (e.g. ``"*.mlp.*"``) that override this.
+    glob patterns on module names (e.g. ``"*.mlp.*"``) that override this; the format's own ``include``,
+    ``exclude`` and ``overrides`` then choose among those (overrides are applied first, so a calibrated
+    format sees them already quantized).
     """
-    if fmt.requires_calibration and calibration is None:
+    if fmt.needs_calibration and calibration is None:
         raise ValueError(f"weight format {fmt.label} needs calibration data (a list of token-id tensors)")
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
     selected, kept = select_linears(model, include, exclude)
-    details = fmt.apply_(model, selected, calibration)
-    kept += [name for name in selected if name not in details]
+    assigned: dict[str, list[str]] = {}
+    formats: dict[str, WeightFormat] = {}
+    for name in selected:
+        f = fmt.format_for(name)
+        if f is None:
+            kept.append(name)
+            continue
+        key = "" if f is fmt else f.label
+        formats[key] = f
+        assigned.setdefault(key, []).append(name)
+    details: dict[str, Any] = {}
+    for key in sorted(assigned, key=lambda k: k == ""):  # the overrides, then the entry's own format
+        found = formats[key].apply_(model, assigned[key], calibration)
+        details.update({n: {**d, "format": formats[key].scheme_label} if fmt.overrides else d for n, d in found.items()})
+    kept += [name for name in selected if name not in details and fmt.format_for(name) is not None]
     return QuantizeReport(replaced=list(details), kept=kept, details=details)

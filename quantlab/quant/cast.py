@@ -13,7 +13,7 @@ class CastFormat(WeightFormat):
     dtype: DtypeName
 
     @property
-    def label(self) -> str:
+    def scheme_label(self) -> str:
         return SHORT_DTYPE[self.dtype]
 
     def prepare_model_(self, model: nn.Module) -> None:

@@ -160,7 +160,7 @@ class CodebookFormat(QuantizedWeightFormat):
         return v
 
     @property
-    def label(self) -> str:
+    def scheme_label(self) -> str:
         parts = [self.codebook, f"b{self.block_size}"] + (["dq"] if self.double_quant else [])
         return "-".join(parts + self.compute_dtype_label())
 

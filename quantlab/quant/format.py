@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from typing import Any, ClassVar, Iterator
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 from torch import nn
 
 from ..dtypes import DTYPES, SHORT_DTYPE, DtypeName  # noqa: F401  (re-exported for the formats)
@@ -28,15 +29,61 @@ class Calibration:
 
 
 class WeightFormat(BaseModel):
-    """Base of every weight format. Subclasses are registered in ``WEIGHT_FORMATS``."""
+    """Base of every weight format. Subclasses are registered in ``WEIGHT_FORMATS``.
+
+    Every format also says which linears it takes: ``include`` / ``exclude`` globs on module names (the output
+    head always stays unquantized), and ``overrides`` that give matching modules another format.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     requires_calibration: ClassVar[bool] = False
+    include: tuple[str, ...] | None = Field(None, description="globs of the linears to quantize (default: all but "
+                                            "the output head)")
+    exclude: tuple[str, ...] = Field((), description="globs of linears kept unquantized")
+    overrides: tuple["ModuleOverride", ...] = Field((), description="[{modules: GLOB(S), format: NAME, ...}]: "
+                                                    "these modules in another format (the first match wins)")
 
     @property
     def label(self) -> str:
-        """A short name derived from the config (never parsed back)."""
+        """A short name derived from the config (never parsed back): the scheme, then the module selection."""
+        return self.scheme_label + self.selection_label
+
+    @property
+    def scheme_label(self) -> str:
+        """The label of the scheme alone."""
         raise NotImplementedError
+
+    @property
+    def selection_label(self) -> str:
+        """``-only:mlp``, ``-no:down_proj``, ``+int8-pc-asym@down_proj``: empty for the default selection."""
+        parts = [f"-only:{_tags(self.include)}"] if self.include is not None else []
+        parts += [f"-no:{_tags(self.exclude)}"] if self.exclude else []
+        parts += [f"+{o.format.label}@{_tags(o.modules)}" for o in self.overrides]
+        return "".join(parts)
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether this format, or one of its overrides, needs calibration data."""
+        return self.requires_calibration or any(o.format.requires_calibration for o in self.overrides)
+
+    def format_for(self, name: str) -> "WeightFormat | None":
+        """The format module ``name`` (a linear the default selection takes) is stored in; None: kept as is."""
+        if self.include is not None and not any(fnmatch(name, p) for p in self.include):
+            return None
+        if any(fnmatch(name, p) for p in self.exclude):
+            return None
+        return next((o.format for o in self.overrides if any(fnmatch(name, p) for p in o.modules)), self)
+
+    @model_validator(mode="after")
+    def _overrides_are_plain(self) -> "WeightFormat":
+        for o in self.overrides:
+            f = o.format
+            if f.include is not None or f.exclude or f.overrides:
+                raise ValueError("an override's format takes no include, exclude or overrides of its own")
+            if f.unquantized_dtype(torch.float32) != self.unquantized_dtype(torch.float32):
+                raise ValueError(f"override {f.label} would run the model in another dtype than {self.scheme_label}; "
+                                 "give both the same compute_dtype (to keep modules unquantized, use exclude)")
+        return self
 
     def prepare_model_(self, model: nn.Module) -> None:
         """Whole-model changes made before any module is replaced (e.g. a dtype cast)."""
@@ -90,5 +137,45 @@ class QuantizedWeightFormat(WeightFormat):
         """The label part naming the compute dtype (none when the model's is kept)."""
         return [SHORT_DTYPE[self.compute_dtype]] if self.compute_dtype else []
 
+
+def _tags(patterns: tuple[str, ...]) -> str:
+    return ",".join(p.strip("*.") or p for p in patterns)
+
+
+class ModuleOverride(BaseModel):
+    """Modules (globs on their names) stored in another format than the entry's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    modules: tuple[str, ...] = Field(min_length=1)
+    format: WeightFormat
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        """Accept ``{modules: ..., format: NAME, field: value...}`` (the recipe form) and a single glob."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("modules"), str):
+            data["modules"] = (data["modules"],)
+        fmt = data.get("format")
+        if not isinstance(fmt, WeightFormat):
+            params = {k: v for k, v in data.items() if k != "modules"}
+            if isinstance(fmt, dict):
+                params = dict(fmt)
+            name = params.pop("format", None)
+            if not isinstance(name, str):
+                raise ValueError(f"format: required, one of {', '.join(WEIGHT_FORMATS.names())}")
+            data = {"modules": data.get("modules"), "format": WEIGHT_FORMATS[name].build(**params)}
+        return data
+
+    @model_serializer
+    def _spec(self) -> dict[str, Any]:
+        return {"modules": list(self.modules), "format": WEIGHT_FORMATS.canonical_name(self.format),
+                **self.format.model_dump(mode="json", exclude_defaults=True)}
+
+
+for _cls in (WeightFormat, QuantizedWeightFormat):
+    _cls.model_rebuild()
 
 WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format")

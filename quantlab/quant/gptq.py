@@ -40,8 +40,8 @@ class GPTQSettings(AffineFormat):
         return self
 
     @property
-    def label(self) -> str:
-        return f"{super().label}-{self.backend_tag}" + ("-act" if self.act_order else "") + (
+    def scheme_label(self) -> str:
+        return f"{super().scheme_label}-{self.backend_tag}" + ("-act" if self.act_order else "") + (
             "" if self.true_sequential else "-onepass")
 
     @property

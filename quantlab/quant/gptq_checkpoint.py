@@ -124,6 +124,9 @@ def save_gptq(
         if not isinstance(layer.kernel, DequantKernel):
             raise UnsupportedError(f"{name} uses kernel {layer.kernel_path}, whose layout is not exported; "
                                    "quantize with kernel: dequantize+matmul to export")
+        if layer.input_scale is not None:
+            raise UnsupportedError(f"{name} multiplies its input by a scale (AWQ, not folded), which the GPTQ "
+                                   "format cannot hold")
         q = layer.kernel.qtensor
         if checkpoint_format == "auto":
             checkpoint_format = "gptq" if q.symmetric else "gptq_v2"

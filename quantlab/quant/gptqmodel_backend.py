@@ -64,8 +64,8 @@ class GPTQModelFormat(GPTQSettings):
         return self
 
     @property
-    def label(self) -> str:
-        return super().label + ("-gar" if self.act_group_aware else "")
+    def scheme_label(self) -> str:
+        return super().scheme_label + ("-gar" if self.act_group_aware else "")
 
     @property
     def recorded_settings(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ class HQQFormat(RTNFormat):
         return self
 
     @property
-    def label(self) -> str:
+    def scheme_label(self) -> str:
         parts = [f"hqq{self.bits}", "pc" if self.group_size is None else f"g{self.group_size}"]
         parts += self.compute_dtype_label()
         return "-".join(parts + ([self.kernel] if self.kernel != "auto" else []))

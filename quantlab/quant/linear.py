@@ -38,6 +38,7 @@ class QuantizedLinear(nn.Module):
         self.bits, self.group_size = bits, group_size
         self.settings = dict(settings or {})  # how the codes were chosen (method, true_sequential...), for exports
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.register_buffer("input_scale", None)  # [in]: multiplies the input (AWQ's unfolded scales); or None
 
     @classmethod
     def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None,
@@ -53,15 +54,24 @@ class QuantizedLinear(nn.Module):
     def kernel_path(self) -> str:
         return self.kernel.path
 
+    def set_input_scale(self, scale: torch.Tensor, dtype: torch.dtype) -> None:
+        """Multiply every input by ``scale [in]``, held as ``dtype`` (the activations'), before the matmul."""
+        self.input_scale = scale.to(dtype)
+
     def dequantize_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.kernel.dequantize(dtype)
+        """The weight the layer applies, ``[out, in]`` (an input scale folded into its columns)."""
+        if self.input_scale is None:
+            return self.kernel.dequantize(dtype)
+        return (self.kernel.dequantize(torch.float32) * self.input_scale.float()).to(dtype)
 
     def analytic_weight_bytes(self) -> int:
-        """Bytes the layer needs (kernel layout + bias), from its shape, bits and groups alone."""
-        bias = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        return self.kernel.analytic_nbytes() + bias
+        """Bytes the layer needs (kernel layout + bias + input scale), from its shape, bits and groups alone."""
+        extra = sum(t.numel() * t.element_size() for t in (self.bias, self.input_scale) if t is not None)
+        return self.kernel.analytic_nbytes() + extra
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale.to(x.dtype)
         y = self.kernel(x)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 

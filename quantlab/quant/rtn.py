@@ -50,7 +50,7 @@ class AffineFormat(QuantizedWeightFormat):
         return ClipSearch() if self.clip == "mse" else None
 
     @property
-    def label(self) -> str:
+    def scheme_label(self) -> str:
         granularity = "pt" if self.per_tensor else "pc" if self.group_size is None else f"g{self.group_size}"
         parts = [f"int{self.bits}", granularity, "sym" if self.symmetric else "asym"]
         if self.zero_point == "float":

@@ -113,3 +113,17 @@ def test_a_format_without_a_byte_formula_is_reported_not_guessed() -> None:
     est = estimate(str(CONFIGS / "gpt2.json"), [NoFormula(), BF16], [], seq_len=1)
     assert [w.label for w in est.weights] == ["bf16"]
     assert any("mystery-format" in x for x in est.architecture.not_interpreted)
+
+
+def test_estimated_bytes_follow_each_modules_own_format() -> None:
+    int4 = WEIGHT_FORMATS["int4"].build(group_size=128)
+    mixed = WEIGHT_FORMATS["int4"].build(group_size=128, exclude=["*.o_proj"],
+                                         overrides=[{"modules": "*.down_proj", "format": "int8"}])
+    est = estimate(str(CONFIGS / "llama-3.1-8b.json"), [BF16, int4, mixed], [], seq_len=1)
+    bf16, plain, mix = est.weights
+    assert mix.label == "int4-g128-asym-no:o_proj+int8-pc-asym@down_proj"
+    layers, hidden, inter = 32, 4096, 14336
+    down_int4 = WEIGHT_FORMATS["int4"].build(group_size=128).linear_weight_bytes(hidden, inter, None)
+    down_int8 = WEIGHT_FORMATS["int8"].build().linear_weight_bytes(hidden, inter, None)
+    o_int4 = int4.linear_weight_bytes(hidden, hidden, None)
+    assert mix.bytes - plain.bytes == layers * (down_int8 - down_int4 + 2 * hidden * hidden - o_int4)

@@ -74,3 +74,58 @@ def test_a_kernel_that_cannot_take_the_tensor_is_a_clear_error() -> None:
 
     with pytest.raises(UnsupportedError, match="kernel int4pack_mm_cpu does not support 4-bit group 16"):
         quantize_(make_llama(), _fmt("int4", group_size=16, compute_dtype="bfloat16", kernel="int4pack_mm_cpu"))
+
+
+def test_overrides_give_matching_modules_their_own_format_and_the_label_names_the_mix() -> None:
+    model = make_llama()
+    fmt = _fmt("int4", group_size=64, exclude=["*.o_proj"],
+               overrides=[{"modules": "*.down_proj", "format": "int8"},
+                          {"modules": ["*.q_proj", "*.k_proj"], "format": "rtn", "bits": 3, "group_size": 32}])
+    assert fmt.label == "int4-g64-asym-no:o_proj+int8-pc-asym@down_proj+int3-g32-asym@q_proj,k_proj"
+    report = quantize_(model, fmt)
+    layer = model.model.layers[1]
+    assert isinstance(layer.self_attn.o_proj, nn.Linear) and "model.layers.1.self_attn.o_proj" in report.kept
+    assert (layer.mlp.down_proj.bits, layer.mlp.down_proj.group_size) == (8, None)
+    assert (layer.self_attn.q_proj.bits, layer.self_attn.q_proj.group_size) == (3, 32)
+    assert (layer.mlp.up_proj.bits, layer.mlp.up_proj.group_size) == (4, 64)
+    assert report.details["model.layers.1.mlp.down_proj"]["format"] == "int8-pc-asym"
+    assert report.details["model.layers.1.mlp.up_proj"]["format"] == "int4-g64-asym"
+    assert len(report.replaced) == 2 * 6 and sorted(report.kept) == sorted(
+        ["lm_head", "model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj"])
+    # Bytes follow each module's own layout.
+    for name in report.replaced:
+        module = model.get_submodule(name)
+        assert module.analytic_weight_bytes() == fmt.format_for(name).linear_weight_bytes(
+            module.out_features, module.in_features, torch.float32)
+
+
+def test_include_keeps_everything_else_and_the_first_matching_override_wins() -> None:
+    fmt = _fmt("int4", group_size=32, include=["*.mlp.*"],
+               overrides=[{"modules": "*.layers.0.*", "format": "int8"}, {"modules": "*.down_proj", "format": "int2",
+                                                                           "group_size": 32}])
+    assert fmt.format_for("model.layers.0.self_attn.q_proj") is None
+    assert fmt.format_for("model.layers.0.mlp.down_proj").label == "int8-pc-asym"
+    assert fmt.format_for("model.layers.1.mlp.down_proj").label == "int2-g32-asym"
+    assert fmt.format_for("model.layers.1.mlp.up_proj") is fmt
+    report = quantize_(make_llama(), fmt)
+    assert len(report.replaced) == 2 * 3
+
+
+def test_a_calibrated_entry_sees_its_overrides_already_quantized() -> None:
+    model = make_llama()
+    fmt = _fmt("gptq", bits=4, group_size=32, overrides=[{"modules": "*.down_proj", "format": "int8"}])
+    assert fmt.needs_calibration
+    g = torch.Generator().manual_seed(0)
+    report = quantize_(model, fmt, [torch.randint(0, 4096, (1, 32), generator=g) for _ in range(4)])
+    assert model.model.layers[0].mlp.down_proj.bits == 8 and model.model.layers[0].mlp.up_proj.bits == 4
+    assert "output_error_gptq" in report.details["model.layers.0.mlp.up_proj"]
+    assert "output_error_gptq" not in report.details["model.layers.0.mlp.down_proj"]
+    # An RTN entry with a GPTQ override needs calibration too.
+    assert _fmt("int4", group_size=32, overrides=[{"modules": "*.q_proj", "format": "gptq", "bits": 4}]).needs_calibration
+
+
+def test_an_override_must_keep_the_compute_dtype_and_have_no_selection_of_its_own() -> None:
+    with pytest.raises(ValueError, match="compute_dtype"):
+        _fmt("int4", group_size=32, overrides=[{"modules": "*.down_proj", "format": "bf16"}])
+    with pytest.raises(ValueError, match="no include"):
+        _fmt("int4", group_size=32, overrides=[{"modules": "*.down_proj", "format": "int8", "exclude": ["x"]}])

@@ -51,3 +51,32 @@ def test_e4m3_is_closer_than_e5m2_on_a_model() -> None:
         with torch.no_grad():
             errors[kind] = rel_error(model(ids).logits, reference(ids).logits)
     assert errors["e4m3"] < errors["e5m2"] < 0.1
+
+
+def test_the_scaled_mm_path_is_never_automatic_and_needs_a_cuda_fp8_device() -> None:
+    q = quantize_fp8(_weight(96, 256))
+    assert isinstance(choose_kernel(q, CPU, torch.bfloat16), DequantKernel)
+    from quantlab import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="fp8_scaled_mm_cuda"):
+        choose_kernel(q, CPU, torch.bfloat16, ["fp8_scaled_mm_cuda"])
+    fmt = WEIGHT_FORMATS["fp8"].build(kernel="fp8_scaled_mm_cuda", compute_dtype="bfloat16")
+    assert fmt.label == "fp8-e4m3-pc-bf16-fp8_scaled_mm_cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_scaled_mm_on_cuda_agrees_with_the_dequantized_weight(per_tensor: bool) -> None:
+    from quantlab.quant.fp8 import FP8ScaledMMKernel
+
+    dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev) < (8, 9):
+        pytest.skip("FP8 tensor cores need compute capability 8.9+")
+    q = quantize_fp8(_weight(256, 1024).to(dev), per_tensor=per_tensor)
+    kernel = choose_kernel(q, dev, torch.bfloat16, ["fp8_scaled_mm_cuda"])
+    assert isinstance(kernel, FP8ScaledMMKernel)
+    x = torch.randn(5, 1024, device=dev, dtype=torch.bfloat16)
+    reference = x.float() @ q.dequantize().T
+    assert rel_error(kernel(x), reference) < 0.05  # the activations' e4m3 rounding (3 mantissa bits)
+    assert kernel.analytic_nbytes() == Float8Tensor.analytic_nbytes((256, 1024), per_tensor)
+    torch.testing.assert_close(kernel.dequantize(), q.dequantize())
