@@ -26,8 +26,11 @@ def require_ray() -> Any:
     return ray
 
 
-def measure_task(spec: dict[str, Any], index: int, sweep: int) -> dict[str, Any]:
-    """One variant on a Ray worker: the local measurement, bracketed by the worker's own copy benchmark."""
+def measure_task(spec: dict[str, Any], index: int, sweep: int, run_folder: str | None = None) -> dict[str, Any]:
+    """One variant on a Ray worker: the local measurement, bracketed by the worker's own copy benchmark.
+    ``run_folder`` is used for run-wide intermediates where the worker sees it (a shared file system)."""
+    from pathlib import Path
+
     from .cli import quiet_import_noise
     from .measure.bandwidth import copy_bandwidth_bytes_per_s
     from .measure.device import resolve_device
@@ -38,7 +41,8 @@ def measure_task(spec: dict[str, Any], index: int, sweep: int) -> dict[str, Any]
     recipe = validate_recipe(spec, "<ray task>")
     device = resolve_device(recipe.device)
     before = copy_bandwidth_bytes_per_s(device)
-    body = measure_variant_safely(recipe, recipe.variants()[index])
+    folder = Path(run_folder) if run_folder and Path(run_folder).is_dir() else None
+    body = measure_variant_safely(recipe, recipe.variants()[index], folder)
     return finish_record(body, sweep, before, copy_bandwidth_bytes_per_s(device))
 
 
@@ -73,7 +77,7 @@ class RaySweep(Sweep):
 
     def start(self, index: int, variant: Any, claim: Claim, tag: str) -> None:
         beat = Heartbeat(claim).start()
-        ref = self.task.remote(self.recipe.to_spec(), index, self.sweep)
+        ref = self.task.remote(self.recipe.to_spec(), index, self.sweep, str(self.folder.path))
         self.running[ref] = (variant, claim, beat, tag)
 
     def _progress(self) -> None:

@@ -114,9 +114,26 @@ class LMEvalTask(Strict):
     batch_size: int = Field(8, ge=1)
 
 
+class DivergenceEval(Strict):
+    """Next-token distributions against the baseline variant's, on disjoint windows of the perplexity text."""
+
+    top_k: int | None = Field(128, ge=1, description="baseline log-probabilities kept per position (the rest as "
+                              "one bucket); null: the whole vocabulary")
+    window_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
+    max_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
+    batch_size: int = Field(4, ge=1, description="windows per forward pass")
+
+
 class Evaluations(Strict):
     perplexity: PerplexityEval | None = None
+    divergence: DivergenceEval | None = None
     lm_eval_tasks: list[LMEvalTask] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _divergence_reads_the_perplexity_text(self) -> "Evaluations":
+        if self.divergence is not None and self.perplexity is None:
+            raise ValueError("divergence scores the perplexity evaluation's text: add evaluations.perplexity")
+        return self
 
 
 class ExecutorSpec(Strict):

@@ -41,13 +41,13 @@ def _identity(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     }
 
 
-def measure_variant(recipe: Recipe, variant: Variant) -> dict[str, Any]:
+def measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None = None) -> dict[str, Any]:
     """Load, quantize and run every enabled measurement of one variant in this process; returns the record's
-    body (identity, measurements by name, decode points)."""
+    body (identity, measurements by name, decode points). ``run_folder`` holds run-wide intermediates."""
     device = resolve_device(recipe.device)
     body = {**_identity(recipe, variant), "device": describe_device(device), "started_at": now_iso()}
     start = time.perf_counter()
-    ctx = VariantContext(recipe, variant, device)
+    ctx = VariantContext(recipe, variant, device, run_folder)
     ctx.load_and_quantize()
     measured = [(n, m) for n, m in enabled_measurements(recipe) if not m.derived]
     measurements: dict[str, Any] = {}
@@ -74,10 +74,10 @@ def _failed(recipe: Recipe, variant: Variant, error: str) -> dict[str, Any]:
     return {**_identity(recipe, variant), "status": "failed", "error": error, "measurements": {}, "points": []}
 
 
-def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
+def measure_variant_safely(recipe: Recipe, variant: Variant, run_folder: Path | None = None) -> dict[str, Any]:
     """``measure_variant``, with any failure (out of memory, unsupported shape, ...) recorded as failed."""
     try:
-        return measure_variant(recipe, variant)
+        return measure_variant(recipe, variant, run_folder)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # a failed variant is a result, not the end of the run
@@ -87,7 +87,7 @@ def measure_variant_safely(recipe: Recipe, variant: Variant) -> dict[str, Any]:
         return _failed(recipe, variant, f"{type(e).__name__}: {first}")
 
 
-def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
+def _measure_in_subprocess(recipe: Recipe, index: int, run_folder: Path) -> dict[str, Any]:
     variant = recipe.variants()[index]
     with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
         spec, out = Path(tmp) / "recipe.json", Path(tmp) / "record.json"
@@ -95,7 +95,8 @@ def _measure_in_subprocess(recipe: Recipe, index: int) -> dict[str, Any]:
         # On a terminal the worker's progress bars show through; otherwise its stderr is kept for the error line.
         stderr = None if sys.stderr.isatty() else subprocess.PIPE
         try:
-            proc = subprocess.run([sys.executable, "-m", "quantlab.worker", str(spec), str(index), str(out)],
+            proc = subprocess.run([sys.executable, "-m", "quantlab.worker", str(spec), str(index), str(out),
+                                   str(run_folder)],
                                   stdout=subprocess.DEVNULL, stderr=stderr, text=True, timeout=recipe.variant_timeout_s)
         except subprocess.TimeoutExpired:  # run() has killed the worker
             return _failed(recipe, variant, f"timed out after {recipe.variant_timeout_s:g} s (variant_timeout_s)")
@@ -199,8 +200,8 @@ class Sweep:
                 self.bandwidth = copy_bandwidth_bytes_per_s(device)
                 self.log(f"memory bandwidth (copy): {self.bandwidth / 1e9:.1f} GB/s")
             with Heartbeat(claim):
-                body = (_measure_in_subprocess(self.recipe, index) if self.recipe.isolation == "process"
-                        else measure_variant_safely(self.recipe, variant))
+                body = (_measure_in_subprocess(self.recipe, index, self.folder.path) if self.recipe.isolation == "process"
+                        else measure_variant_safely(self.recipe, variant, self.folder.path))
             self.record(tag, finish_record(body, self.sweep, self.bandwidth, copy_bandwidth_bytes_per_s(device)))
         finally:
             self.claims.release(claim)
@@ -305,9 +306,10 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
 
 
 def worker_main(argv: list[str]) -> int:
-    """Entry point of a variant's own process: ``python -m quantlab.worker RECIPE.json INDEX OUT.json``."""
+    """Entry point of a variant's own process: ``python -m quantlab.worker RECIPE.json INDEX OUT.json [RUN_FOLDER]``."""
     spec_path, index, out_path = Path(argv[0]), int(argv[1]), Path(argv[2])
+    run_folder = Path(argv[3]) if len(argv) > 3 else None
     recipe = validate_recipe(json.loads(spec_path.read_text()), str(spec_path))
-    body = measure_variant_safely(recipe, recipe.variants()[index])
+    body = measure_variant_safely(recipe, recipe.variants()[index], run_folder)
     atomic_write_text(out_path, json.dumps(body))
     return 0

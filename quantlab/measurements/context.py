@@ -1,11 +1,14 @@
 """What a variant's measurements share: the loaded, quantized model and one generation per decode point."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
@@ -18,6 +21,31 @@ from ..models import LoadedModel, load_config, load_model, model_dtype_name, mod
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
 from ..quant.format import Calibration
+
+
+_REUSE: dict[str, Any] = {}  # while reuse_loaded_models() is active: one pristine model, copied per variant
+
+
+@contextlib.contextmanager
+def reuse_loaded_models() -> Iterator[None]:
+    """Within the block, variants measured in this process (``isolation: none``) of a model loaded on one device
+    start from a copy of one loaded model instead of loading it again (sensitivity sweeps: one variant per group
+    of modules). The copy is released when the block ends."""
+    _REUSE["active"] = True
+    try:
+        yield
+    finally:
+        _REUSE.clear()
+
+
+def _load(spec: Any, device: torch.device, seed: int) -> LoadedModel:
+    if not _REUSE.get("active") or spec.device_map:
+        return load_model(spec, device, seed)
+    key = json.dumps([spec.model_dump(mode="json"), str(device), seed], sort_keys=True)
+    if _REUSE.get("key") != key:
+        _REUSE.update(key=key, loaded=load_model(spec, device, seed))
+    pristine = _REUSE["loaded"]
+    return LoadedModel(copy.deepcopy(pristine.model), pristine.tokenizer, pristine.source)
 
 
 def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
@@ -62,6 +90,7 @@ class VariantContext:
     recipe: Any
     variant: Any
     device: torch.device
+    run_folder: Path | None = None  # where run-wide intermediates live (the baseline's distributions)
     loaded: LoadedModel | None = None
     quantize_report: QuantizeReport | None = None
     quantize_s: float = 0.0
@@ -76,7 +105,7 @@ class VariantContext:
     def load_and_quantize(self) -> None:
         self.rss_before_load_bytes = rss_bytes()
         start = time.perf_counter()
-        self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
+        self.loaded = _load(self.recipe.model, self.device, self.recipe.seed)
         weight = self.variant.weight
         calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
         self.quantize_report = quantize_(self.loaded.model, weight, calibration)

@@ -35,6 +35,16 @@ def html_table(header: list[str], rows: list[tuple[list[str], str]], left: int =
     return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _divergence_figure(frame: pd.DataFrame, baseline: str) -> list[str]:
+    """KL divergence from the baseline against bytes, where the run measured it."""
+    plot = pareto_plot(frame, baseline, "kl_divergence_mean", "mean KL divergence from the baseline (nats)")
+    if plot is None:
+        return []
+    on_front = [v for v, f in pareto_variants(frame, "kl_divergence_mean").items() if f]
+    return ["<h2>Divergence against bytes</h2>",
+            _figure(plot, "plot-divergence", "Pareto front (ringed): " + (", ".join(on_front) or "none"))]
+
+
 def _figure(svg: str | None, ident: str, caption: str) -> str:
     if svg is None:
         return ""
@@ -144,6 +154,7 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         "<h2>Perplexity against bytes</h2>",
         _figure(pareto_plot(frame, baseline), "plot-pareto",
                 "Pareto front (ringed): " + (", ".join(on_front) or "no variant with both figures")),
+        *_divergence_figure(frame, baseline),
         "<h2>Decode latency</h2>",
         _figure(latency_plot(rows), "plot-latency", "Per-token decode time at each variant's first point."),
         _figure(context_plot(rows), "plot-context", "Median decode time per token as the context grows."),

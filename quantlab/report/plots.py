@@ -25,14 +25,14 @@ def to_svg(fig: Any) -> str:
     return text[text.index("<svg"):]
 
 
-def pareto_plot(frame: pd.DataFrame, baseline: str) -> str | None:
-    """Perplexity against weight + KV bytes, the Pareto front joined and ringed."""
-    if not has_perplexity(frame):
+def pareto_plot(frame: pd.DataFrame, baseline: str, metric: str = "perplexity", ylabel: str = "perplexity") -> str | None:
+    """Perplexity (or another loss ``metric``) against weight + KV bytes, the Pareto front joined and ringed."""
+    if not has_perplexity(frame, metric):
         return None
     ok = measured(frame)
     with plt.rc_context(STYLE):
-        x, y = footprint_bytes(ok) / MIB, ok["perplexity"].astype(float)
-        front = list(pareto_variants(ok).values())
+        x, y = footprint_bytes(ok) / MIB, ok[metric].astype(float)
+        front = list(pareto_variants(ok, metric).values())
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
         ax.scatter(x, y, color="#8a8a8a", zorder=2, label="variant")
         fx = [(a, b) for a, b, f in zip(x, y, front) if f]
@@ -47,7 +47,7 @@ def pareto_plot(frame: pd.DataFrame, baseline: str) -> str | None:
         for (a, b), labels in at.items():
             ax.annotate(", ".join(labels), (a, b), fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_xlabel("weights + KV cache, MiB (measured)")
-        ax.set_ylabel("perplexity")
+        ax.set_ylabel(ylabel)
         ax.legend(frameon=False, fontsize=8)
         return to_svg(fig)
 

@@ -131,16 +131,16 @@ def footprint_bytes(frame: pd.DataFrame) -> pd.Series:
     return column(frame, "weight_bytes").astype(float) + column(frame, "kv_cache_bytes").fillna(0).astype(float)
 
 
-def has_perplexity(frame: pd.DataFrame) -> bool:
-    """Whether any measured variant has a perplexity."""
+def has_perplexity(frame: pd.DataFrame, metric: str = "perplexity") -> bool:
+    """Whether any measured variant has a perplexity (or another loss ``metric``)."""
     ok = measured(frame)
-    return "perplexity" in ok and not ok["perplexity"].isna().all()
+    return metric in ok and not ok[metric].isna().all()
 
 
-def pareto_variants(frame: pd.DataFrame) -> dict[str, bool]:
-    """For each measured variant, whether it is on the Pareto front of perplexity against footprint bytes."""
+def pareto_variants(frame: pd.DataFrame, metric: str = "perplexity") -> dict[str, bool]:
+    """For each measured variant, whether it is on the Pareto front of ``metric`` against footprint bytes."""
     ok = measured(frame)
-    return dict(zip(ok["variant"], pareto_front(list(footprint_bytes(ok)), list(column(ok, "perplexity").astype(float)))))
+    return dict(zip(ok["variant"], pareto_front(list(footprint_bytes(ok)), list(column(ok, metric).astype(float)))))
 
 
 def flatten(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -30,6 +30,13 @@ SAMPLES = {
                 "decode_ms_p10": 1.9, "decode_ms_p90": 2.4, "decode_steps": 4, "decode_ms_samples": [1.9, 2.0, 2.0, 2.4],
                 "tokens_per_s": 500.0},
     "perplexity": {"perplexity": 60.25, "perplexity_protocol": PROTOCOL},
+    "divergence": {"kl_divergence_mean": 0.012, "kl_divergence_median": 0.004, "kl_divergence_p90": 0.03,
+                   "kl_divergence_p99": 0.2, "kl_divergence_max": 1.5, "top1_agreement_percent": 93.5,
+                   "next_token_prob_rms_diff": 0.02, "delta_perplexity": 0.4, "delta_perplexity_ci95_low": 0.1,
+                   "delta_perplexity_ci95_high": 0.7,
+                   "divergence_protocol": {"baseline": "fp32", "windows": 2, "window_tokens": 64, "scored_tokens": 126,
+                                           "top_k": 128, "baseline_rest_mass_mean": 1e-3, "baseline_perplexity": 60.0,
+                                           "reference": "0" * 16, "text": "t", "text_sha256": "0" * 64}},
     "lm_eval_tasks": {"lm_eval_tasks": [{"task": "cont", "num_fewshot": 0, "limit": 10, "samples": 10,
                                          "lm_eval_version": "0.4.13", "metrics": {"acc": 0.5}}]},
 }

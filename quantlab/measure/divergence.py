@@ -1,0 +1,133 @@
+"""How far a variant's next-token distributions are from the baseline's, on the same token windows.
+
+The baseline's distributions are computed once (``reference``) and kept as the ``top_k`` largest log-probabilities
+of each position with their token ids and the log of the probability mass outside them (``top_k = None``: the
+whole vocabulary, in float16, whose rounding adds up to about 1e-3 to a KL). A variant is then scored against them (``compare``), per position:
+
+- KL(baseline ‖ variant) = Σ p (log p − log q). With top-k the tokens outside the baseline's k are merged into
+  one outcome (p_rest, q_rest): by the log-sum inequality this is never above the full-vocabulary KL, and the gap
+  is p_rest times the KL between the two renormalized tails (small where the top k hold most of the mass; the
+  mean p_rest is reported beside it);
+- whether the most likely token is the same (top-1 agreement);
+- the difference in the probability of the token that actually comes next (its RMS over positions);
+- and per window the mean negative log-likelihood, from which Δ perplexity and a 95% interval over the paired
+  per-window differences follow (windows of equal length: perplexity = exp of the mean of window means).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..progress import progress
+
+
+@dataclass
+class Reference:
+    """The baseline's next-token distributions at every scored position of the windows."""
+
+    top_logprobs: torch.Tensor  # [positions, k] float32, largest first; the whole vocabulary: float16, in id order
+    top_ids: torch.Tensor | None  # [positions, k] int32, None when the whole vocabulary is kept
+    rest_logmass: torch.Tensor  # [positions] float32: log of the mass outside the k (-inf for the whole vocabulary)
+    target_logprobs: torch.Tensor  # [positions] float32: log p(the token that comes next)
+    window_nll: torch.Tensor  # [windows] float64: mean negative log-likelihood per window
+    window_tokens: int
+
+    def state(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Reference":
+        return cls(**state)
+
+
+def _windows(ids: torch.Tensor, window_tokens: int) -> torch.Tensor:
+    """Disjoint windows ``[n, window]`` of the token ids, the tail shorter than a window dropped."""
+    n = ids.numel() // window_tokens
+    return ids.reshape(-1)[: n * window_tokens].reshape(n, window_tokens)
+
+
+@torch.no_grad()
+def _log_probs(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_size: int, device: torch.device,
+               what: str):
+    """``(log-probabilities [batch, window - 1, vocab] float32, next tokens [batch, window - 1])`` per batch."""
+    windows = _windows(ids, window_tokens)
+    for start in progress(range(0, windows.shape[0], batch_size), what):
+        batch = windows[start:start + batch_size].to(device)
+        logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()
+        yield F.log_softmax(logits, dim=-1), batch[:, 1:]
+
+
+def reference(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_size: int, device: torch.device,
+              top_k: int | None) -> Reference:
+    """The baseline's distributions on the disjoint windows of ``ids``."""
+    tops, idx, rest, targets, nll = [], [], [], [], []
+    for logp, nxt in _log_probs(model, ids, window_tokens, batch_size, device, "divergence reference, windows"):
+        target = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+        targets.append(target.reshape(-1).cpu())
+        nll.append((-target).double().mean(dim=1).cpu())
+        flat = logp.reshape(-1, logp.shape[-1])
+        if top_k is None:
+            tops.append(flat.half().cpu())
+            rest.append(torch.full((flat.shape[0],), -math.inf))
+        else:
+            values, ids_k = flat.topk(min(top_k, flat.shape[-1]), dim=-1)
+            tops.append(values.cpu())
+            idx.append(ids_k.int().cpu())
+            kept = torch.logsumexp(values, dim=-1)
+            rest.append(torch.log1p(-kept.exp().clamp(max=1 - 1e-7)).cpu())
+    return Reference(torch.cat(tops), torch.cat(idx) if idx else None, torch.cat(rest), torch.cat(targets),
+                     torch.cat(nll), window_tokens)
+
+
+def _quantiles(x: torch.Tensor) -> dict[str, float]:
+    q = torch.quantile(x.double(), torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64))
+    return {"median": q[0].item(), "p90": q[1].item(), "p99": q[2].item()}
+
+
+def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int, device: torch.device) -> dict[str, Any]:
+    """The divergence figures of ``model`` against ``ref`` on the same windows."""
+    kls, agree, dprob, nll = [], [], [], []
+    offset = 0
+    for logq, nxt in _log_probs(model, ids, ref.window_tokens, batch_size, device, "divergence, windows"):
+        flat = logq.reshape(-1, logq.shape[-1])
+        rows = slice(offset, offset + flat.shape[0])
+        offset += flat.shape[0]
+        logp = ref.top_logprobs[rows].to(flat.device).float()
+        if ref.top_ids is None:
+            kl = (logp.exp() * (logp - flat)).sum(-1)
+            base_top1 = logp.argmax(-1)
+        else:
+            top_ids = ref.top_ids[rows].to(flat.device).long()
+            logq_top = flat.gather(-1, top_ids)
+            rest_p = ref.rest_logmass[rows].to(flat.device)
+            rest_q = torch.log1p(-torch.logsumexp(logq_top, dim=-1).exp().clamp(max=1 - 1e-7))
+            kl = (logp.exp() * (logp - logq_top)).sum(-1) + rest_p.exp() * (rest_p - rest_q)
+            base_top1 = top_ids[:, 0]
+        kls.append(kl.clamp(min=0).cpu())
+        agree.append((flat.argmax(-1) == base_top1).cpu())
+        target = flat.gather(-1, nxt.reshape(-1, 1)).squeeze(-1)
+        dprob.append((target.exp() - ref.target_logprobs[rows].to(flat.device).exp()).cpu())
+        nll.append((-target).double().reshape(nxt.shape).mean(dim=1).cpu())
+    kl, window_nll = torch.cat(kls), torch.cat(nll)
+    diff = window_nll - ref.window_nll
+    n = diff.numel()
+    mean = diff.mean().item()
+    half = 1.96 * diff.std(unbiased=True).item() / math.sqrt(n) if n > 1 else math.nan
+    base_ppl = math.exp(ref.window_nll.mean().item())
+    q = _quantiles(kl)
+    return {
+        "kl_divergence_mean": kl.double().mean().item(), "kl_divergence_median": q["median"],
+        "kl_divergence_p90": q["p90"], "kl_divergence_p99": q["p99"], "kl_divergence_max": kl.max().item(),
+        "top1_agreement_percent": 100 * torch.cat(agree).double().mean().item(),
+        "next_token_prob_rms_diff": torch.cat(dprob).double().pow(2).mean().sqrt().item(),
+        "delta_perplexity": base_ppl * (math.exp(mean) - 1),
+        "delta_perplexity_ci95_low": base_ppl * (math.exp(mean - half) - 1),
+        "delta_perplexity_ci95_high": base_ppl * (math.exp(mean + half) - 1),
+        "baseline_perplexity": base_ppl, "scored_tokens": kl.numel(), "windows": n,
+        "baseline_rest_mass_mean": ref.rest_logmass.exp().double().mean().item(),
+    }

@@ -1,0 +1,138 @@
+"""KL divergence, top-1 agreement and Δ perplexity against the baseline variant (as llama.cpp's
+``--kl-divergence`` reports them), on disjoint windows of the perplexity text.
+
+The baseline's distributions are computed once per run and kept in the run folder (``baselines/``), written
+atomically: the baseline variant writes them when it is measured, and a variant that finds none (measured first,
+elsewhere, or in a run without the baseline's record) computes them by loading the baseline itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import load_text
+from ..measure.divergence import Reference, compare, reference
+from ..measure.perplexity import tokenize
+from .base import Column, Measurement, Result, register
+
+_IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
+
+
+class DivergenceResult(Result):
+    kl_divergence_mean: float
+    kl_divergence_median: float
+    kl_divergence_p90: float
+    kl_divergence_p99: float
+    kl_divergence_max: float
+    top1_agreement_percent: float
+    next_token_prob_rms_diff: float
+    delta_perplexity: float
+    delta_perplexity_ci95_low: float
+    delta_perplexity_ci95_high: float
+    divergence_protocol: dict[str, Any]
+
+
+def _spec(recipe: Any) -> tuple[Any, int, int | None]:
+    d, p = recipe.evaluations.divergence, recipe.evaluations.perplexity
+    return d, d.window_tokens or p.window_tokens, d.max_tokens or p.max_tokens
+
+
+def _baseline(recipe: Any) -> Any:
+    return next(v for v in recipe.variants() if v.label == recipe.baseline_label)
+
+
+def _reference_key(recipe: Any, ids: torch.Tensor) -> str:
+    d, window, _ = _spec(recipe)
+    payload = {"baseline": _baseline(recipe).key, "window_tokens": window, "top_k": d.top_k,
+               "tokens": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _load(path: Path | None, key: str) -> Reference | None:
+    if path is None:
+        return _IN_PROCESS.get(key)
+    return Reference.from_state(torch.load(path, weights_only=True)) if path.is_file() else None
+
+
+def _store(path: Path | None, key: str, ref: Reference) -> None:
+    if path is None:
+        _IN_PROCESS[key] = ref
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    torch.save(ref.state(), tmp)
+    os.replace(tmp, path)  # whole or absent: two writers write the same figures
+
+
+def _baseline_model(ctx: Any) -> Any:
+    """The baseline variant's model, loaded and quantized in this process."""
+    from ..quant import quantize_
+    from .context import _load, calibration_for
+
+    loaded = _load(ctx.recipe.model, ctx.device, ctx.recipe.seed)
+    weight = _baseline(ctx.recipe).weight
+    quantize_(loaded.model, weight, calibration_for(ctx.recipe, loaded) if weight.needs_calibration else None)
+    return loaded.model
+
+
+@register("divergence", "KL divergence, top-1 agreement and Δ perplexity against the baseline variant")
+class Divergence(Measurement):
+    result = DivergenceResult
+    title = "divergence from the baseline"
+    section = "Divergence from the baseline"
+    columns = (
+        Column("kl_divergence_mean", "KL mean", ".5f", higher_is_better=False),
+        Column("kl_divergence_median", "KL median", ".5f", higher_is_better=False),
+        Column("kl_divergence_p90", "KL p90", ".5f", higher_is_better=False),
+        Column("kl_divergence_p99", "KL p99", ".4f", higher_is_better=False),
+        Column("kl_divergence_max", "KL max", ".4f", higher_is_better=False),
+        Column("top1_agreement_percent", "top-1 same %", ".2f", higher_is_better=True),
+        Column("next_token_prob_rms_diff", "RMS Δp(next token)", ".5f", higher_is_better=False),
+        Column("delta_perplexity", "Δppl (95% interval)", "+.3f", higher_is_better=False,
+               spread=("delta_perplexity_ci95_low", "delta_perplexity_ci95_high")),
+    )
+
+    def enabled(self, recipe: Any) -> bool:
+        return recipe.evaluations.divergence is not None
+
+    def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
+        spec, window, max_tokens = _spec(ctx.recipe)
+        text = load_text(ctx.recipe.evaluations.perplexity.text)
+        ids = tokenize(ctx.loaded.tokenizer, text)
+        if max_tokens is not None:
+            ids = ids[:max_tokens]
+        key = _reference_key(ctx.recipe, ids)
+        path = ctx.run_folder / "baselines" / f"{key}.pt" if ctx.run_folder is not None else None
+        is_baseline = ctx.variant.label == ctx.recipe.baseline_label
+        ref = _load(path, key)
+        if ref is None:
+            model = ctx.model if is_baseline else _baseline_model(ctx)
+            ref = reference(model, ids, window, spec.batch_size, ctx.device, spec.top_k)
+            _store(path, key, ref)
+            del model
+        figures = compare(ctx.model, ids, ref, spec.batch_size, ctx.device)
+        protocol = {"baseline": ctx.recipe.baseline_label, "windows": figures.pop("windows"),
+                    "window_tokens": window, "scored_tokens": figures.pop("scored_tokens"),
+                    "top_k": spec.top_k, "baseline_rest_mass_mean": figures.pop("baseline_rest_mass_mean"),
+                    "baseline_perplexity": figures.pop("baseline_perplexity"), "reference": key,
+                    "text": text.source + (f"[:{max_tokens} tokens]" if max_tokens else ""),
+                    "text_sha256": hashlib.sha256(text.text.encode()).hexdigest()}
+        return DivergenceResult(**figures, divergence_protocol=protocol)
+
+    def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        p = row.get("divergence_protocol")
+        if not p:
+            return None
+        kept = "the whole vocabulary" if p["top_k"] is None else (
+            f"the top {p['top_k']} tokens plus one bucket for the rest (mean baseline mass outside them "
+            f"{p['baseline_rest_mass_mean']:.2e}; merging can only lower KL)")
+        return (f"KL(baseline ‖ variant) per position against {p['baseline']} over {p['scored_tokens']} tokens in "
+                f"{p['windows']} windows of {p['window_tokens']} ({p['text']}), from {kept}; Δ perplexity with a "
+                "95% interval from the per-window paired differences.")
