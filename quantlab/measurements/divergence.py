@@ -68,6 +68,7 @@ def _store(path: Path | None, key: str, ref: Reference) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     torch.save(ref.state(), tmp)
+    os.chmod(tmp, 0o644)  # readable by the other processes (and users) filling the run folder, as records are
     os.replace(tmp, path)  # whole or absent: two writers write the same figures
 
 
