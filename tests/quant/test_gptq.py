@@ -165,25 +165,53 @@ def test_the_gptq_label_and_checkpoint_record_the_order_used(tmp_path) -> None:
     assert json.loads((tmp_path / "rtn" / "quantize_config.json").read_text())["true_sequential"] is False
 
 
-@pytest.mark.parametrize("group_size,act_order", [(None, False), (32, False), (64, True), (128, False)])
+GPTQMODEL_CASES = [(None, False), (32, False), (64, True), (128, False)]
+GPTQMODEL_SCRIPT = """
+import os, sys, torch
+os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "1")
+from gptqmodel.quantization.config import QuantizeConfig
+from gptqmodel.quantization.gptq import GPTQ
+problem = torch.load(sys.argv[1])
+w, x = problem["w"], problem["x"]
+out = {}
+for group_size, act_order in problem["cases"]:
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w.clone()
+    g = GPTQ(linear, qcfg=QuantizeConfig(bits=4, group_size=group_size or -1, sym=False, desc_act=act_order,
+                                         act_group_aware=False, damp_percent=0.01, damp_auto_increment=0.0))
+    g.quantizer.configure(perchannel=True)
+    for rows in x.split(512):
+        g.add_batch(rows.unsqueeze(0), None)
+    out[(group_size, act_order)] = g.quantize()[0].float()
+torch.save(out, sys.argv[2])
+"""
+
+
+@pytest.fixture(scope="module")
+def gptqmodel_weights(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """GPTQModel's own GPTQ class on ``_problem()`` for every case, in a process of its own (importing GPTQModel
+    changes the environment: HF_HOME, allocator and inductor settings that later subprocesses would inherit)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("gptqmodel") is None:
+        pytest.skip("needs GPTQModel (quantlab[gptq])")
+    folder = tmp_path_factory.mktemp("gptqmodel-solve")
+    w, x, _ = _problem()
+    torch.save({"w": w, "x": x, "cases": GPTQMODEL_CASES}, folder / "problem.pt")
+    done = subprocess.run([sys.executable, "-c", GPTQMODEL_SCRIPT, str(folder / "problem.pt"), str(folder / "out.pt")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return torch.load(folder / "out.pt")
+
+
+@pytest.mark.parametrize("group_size,act_order", GPTQMODEL_CASES)
 def test_the_solve_gives_gptqmodels_weights_for_the_same_weight_and_hessian(
-    group_size: int | None, act_order: bool, monkeypatch: pytest.MonkeyPatch
+    group_size: int | None, act_order: bool, gptqmodel_weights: dict
 ) -> None:
     """GPTQModel's own GPTQ class on the same weight and calibration rows: the same quantized weight (both with
     float32 scales; GPTQModel's group scales come from the weights as the last block update left them)."""
-    monkeypatch.setenv("GPTQMODEL_CPU_WORKERS", "1")
-    pytest.importorskip("gptqmodel")
-    from gptqmodel.quantization.config import QuantizeConfig
-    from gptqmodel.quantization.gptq import GPTQ
-
-    w, x, h = _problem()
-    linear = torch.nn.Linear(256, 64, bias=False)
-    linear.weight.data = w.clone()
-    theirs = GPTQ(linear, qcfg=QuantizeConfig(bits=4, group_size=group_size or -1, sym=False, desc_act=act_order,
-                                              act_group_aware=False, damp_percent=0.01, damp_auto_increment=0.0))
-    theirs.quantizer.configure(perchannel=True)
-    for rows in x.split(512):
-        theirs.add_batch(rows.unsqueeze(0), None)
-    their_weight = theirs.quantize()[0]
+    w, _, h = _problem()
     ours = gptq_quantize(w, h, 4, group_size, act_order=act_order, scale_dtype=torch.float32)
-    torch.testing.assert_close(ours.dequantize(), their_weight.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.dequantize(), gptqmodel_weights[(group_size, act_order)], rtol=0, atol=1e-6)
