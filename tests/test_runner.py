@@ -339,8 +339,10 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     recipe, expected = uninterrupted
 
     out = tmp_path / "interrupted"
+    # The run starts with Ctrl-C's default action, as from a shell, whatever this test process inherited or set.
     proc = subprocess.Popen([sys.executable, "-m", "quantlab.cli", "run", str(recipe), "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not list((out / "claims").glob("*.json")) or len(list((out / "records").glob("*.json"))) < 1:
         assert time.monotonic() < deadline, "the first variant never finished"
@@ -348,7 +350,8 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     os.killpg(proc.pid, getattr(signal, signal_name))  # the whole group, as Ctrl-C or a kill would
     _, stderr = proc.communicate(timeout=120)
     partial = [json.loads(p.read_text()) for p in (out / "records").glob("*.json")]
-    assert len(partial) == 1 and partial[0]["status"] == "ok"  # killed while the second variant ran
+    assert len(partial) == 1 and partial[0]["status"] == "ok", (  # killed while the second variant ran
+        proc.returncode, signal.getsignal(signal.SIGINT), stderr[-1500:])
     assert json.loads((out / "manifest.json").read_text())["complete"] is False
     left = list((out / "claims").glob("*.json"))
     if signal_name == "SIGINT":
