@@ -67,7 +67,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
     if args.format:
         fmt = resolve_format(WEIGHT_FORMATS, parse_format_spec(args.format), "--format", args.format)
     else:
-        fmt = next((w for w in recipe.weights if w.label != recipe.baseline_label.split("/")[0]), None)
+        fmt = next((w for w in recipe.weights if w != recipe.baseline_variant.weight), None)
         if fmt is None:
             raise QuantlabError(f"{args.recipe}: no weight format besides the baseline; name one with --format")
     if args.max_tokens < 2:

@@ -206,6 +206,10 @@ class Recipe(Strict):
     def baseline_label(self) -> str:
         return self.baseline or self.variants()[0].label
 
+    @property
+    def baseline_variant(self) -> "Variant":
+        return next(v for v in self.variants() if v.label == self.baseline_label)
+
     def to_spec(self) -> dict[str, Any]:
         """A plain dict that ``validate_recipe`` turns back into an equal recipe."""
         spec = self.model_dump(mode="json", exclude={"weights", "kv_cache"})

@@ -66,7 +66,7 @@ def sensitivity_spec(recipe: Any, fmt: WeightFormat, groups: list[ModuleGroup], 
     if recipe.evaluations.perplexity is None:
         raise QuantlabError(f"{recipe.source}: sensitivity scores divergence on the perplexity text: add "
                             "evaluations.perplexity")
-    baseline = next(v for v in recipe.variants() if v.label == recipe.baseline_label)
+    baseline = recipe.baseline_variant
     spec = recipe.to_spec()
     ppl = {**spec["evaluations"]["perplexity"], "max_tokens": max_tokens}
     entry = format_spec(WEIGHT_FORMATS, fmt)

@@ -16,10 +16,9 @@ from typing import Any
 
 import torch
 
-from ..data import load_text
 from ..measure.divergence import Reference, compare, reference
-from ..measure.perplexity import tokenize
 from .base import Column, Measurement, Result, register
+from .perplexity import scored_text
 
 _IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
 
@@ -43,13 +42,9 @@ def _spec(recipe: Any) -> tuple[Any, int, int | None]:
     return d, d.window_tokens or p.window_tokens, d.max_tokens or p.max_tokens
 
 
-def _baseline(recipe: Any) -> Any:
-    return next(v for v in recipe.variants() if v.label == recipe.baseline_label)
-
-
 def _reference_key(recipe: Any, ids: torch.Tensor) -> str:
     d, window, _ = _spec(recipe)
-    payload = {"baseline": _baseline(recipe).key, "window_tokens": window, "top_k": d.top_k,
+    payload = {"baseline": recipe.baseline_variant.key, "window_tokens": window, "top_k": d.top_k,
                "tokens": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -78,7 +73,7 @@ def _baseline_model(ctx: Any) -> Any:
     from .context import _load, calibration_for
 
     loaded = _load(ctx.recipe.model, ctx.device, ctx.recipe.seed)
-    weight = _baseline(ctx.recipe).weight
+    weight = ctx.recipe.baseline_variant.weight
     quantize_(loaded.model, weight, calibration_for(ctx.recipe, loaded) if weight.needs_calibration else None)
     return loaded.model
 
@@ -105,10 +100,7 @@ class Divergence(Measurement):
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec, window, max_tokens = _spec(ctx.recipe)
-        text = load_text(ctx.recipe.evaluations.perplexity.text)
-        ids = tokenize(ctx.loaded.tokenizer, text)
-        if max_tokens is not None:
-            ids = ids[:max_tokens]
+        ids, text = scored_text(ctx.recipe.evaluations.perplexity.text, ctx.loaded.tokenizer, max_tokens)
         key = _reference_key(ctx.recipe, ids)
         path = ctx.run_folder / "baselines" / f"{key}.pt" if ctx.run_folder is not None else None
         is_baseline = ctx.variant.label == ctx.recipe.baseline_label
@@ -123,8 +115,7 @@ class Divergence(Measurement):
                     "window_tokens": window, "scored_tokens": figures.pop("scored_tokens"),
                     "top_k": spec.top_k, "baseline_rest_mass_mean": figures.pop("baseline_rest_mass_mean"),
                     "baseline_perplexity": figures.pop("baseline_perplexity"), "reference": key,
-                    "text": text.source + (f"[:{max_tokens} tokens]" if max_tokens else ""),
-                    "text_sha256": hashlib.sha256(text.text.encode()).hexdigest()}
+                    "text": text.source, "text_sha256": text.sha256}
         return DivergenceResult(**figures, divergence_protocol=protocol)
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]

@@ -8,6 +8,16 @@ from ..measure.perplexity import protocol_summary, tokenize
 from .base import Column, Measurement, Result, register
 
 
+def scored_text(source: Any, tokenizer: Any, max_tokens: int | None) -> tuple[Any, Text]:
+    """The token ids of a recipe's text, cut to ``max_tokens``, and the text they are (named for the cut)."""
+    text = load_text(source)
+    ids = tokenize(tokenizer, text)
+    if max_tokens is not None and ids.numel() > max_tokens:
+        ids = ids[:max_tokens]
+        text = Text(f"{text.source}[:{max_tokens} tokens]", tokenizer.decode(ids))
+    return ids, text
+
+
 class PerplexityResult(Result):
     perplexity: float
     perplexity_protocol: dict[str, Any]
@@ -28,13 +38,9 @@ class Perplexity(Measurement):
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec = ctx.recipe.evaluations.perplexity
-        tokenizer = ctx.loaded.tokenizer
-        text = load_text(spec.text)
-        ids = tokenize(tokenizer, text)
-        if spec.max_tokens is not None and ids.numel() > spec.max_tokens:
-            ids = ids[: spec.max_tokens]
-            text = Text(f"{text.source}[:{spec.max_tokens} tokens]", tokenizer.decode(ids))
-        return PerplexityResult(**spec.runner.run(ctx.model, tokenizer, ids, text, spec, ctx.variant.kv, ctx.device))
+        ids, text = scored_text(spec.text, ctx.loaded.tokenizer, spec.max_tokens)
+        return PerplexityResult(**spec.runner.run(ctx.model, ctx.loaded.tokenizer, ids, text, spec, ctx.variant.kv,
+                                                  ctx.device))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         proto = row.get("perplexity_protocol")

@@ -78,5 +78,5 @@ def quantize_(
     for key in sorted(assigned, key=lambda k: k == ""):  # the overrides, then the entry's own format
         found = formats[key].apply_(model, assigned[key], calibration)
         details.update({n: {**d, "format": formats[key].scheme_label} if fmt.overrides else d for n, d in found.items()})
-    kept += [name for name in selected if name not in details and fmt.format_for(name) is not None]
+    kept += [name for names in assigned.values() for name in names if name not in details]
     return QuantizeReport(replaced=list(details), kept=kept, details=details)

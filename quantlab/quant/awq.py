@@ -29,14 +29,12 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..errors import UnsupportedError
-from ..progress import progress
 from .format import DTYPES, WEIGHT_FORMATS, Calibration
 from .linear import QuantizedLinear, linear_types, linear_weight
 from .offload import is_dispatched
 from .qtensor import _grouped, quantize_tensor
 from .rtn import AffineFormat
-from .sequential import (_Stop, _batched, _capture_first_layer_inputs, _dense_twin, _hidden_of, _run, _with_hidden,
-                         decoder_layers, execution_groups)
+from .sequential import _Stop, _hidden_of, _run, _with_hidden, calibrated_layers, execution_groups
 
 PseudoQuantize = Callable[[torch.Tensor], torch.Tensor]  # weight [out, in] -> its quantized-dequantized values
 LayerCall = tuple[tuple, dict]
@@ -334,15 +332,13 @@ class AWQFormat(AffineFormat):
         if is_dispatched(model):
             raise UnsupportedError("awq folds scales into the model's norms and linears: load the model on one "
                                    "device (no device_map)")
-        layers = decoder_layers(model)
-        prefix = next(name for name, m in model.named_modules() if m is layers)
-        inputs = _batched(_capture_first_layer_inputs(model, layers, list(calibration or [])), 16)
-        tokens = [_hidden_of(*call).shape[:-1].numel() for call in inputs]
-        searched = next((i + 1 for i in range(len(tokens)) if sum(tokens[:i + 1]) >= self.search_tokens), len(tokens))
         details: dict[str, dict[str, Any]] = {}
-        for index, layer in enumerate(progress(layers, "AWQ, layers")):
-            layer_prefix = f"{prefix}.{index}."
-            names = [n[len(layer_prefix):] for n in selected if n.startswith(layer_prefix)]
+        searched = 0
+        for step in calibrated_layers(model, selected, list(calibration or []), "AWQ, layers"):
+            layer, names, inputs = step.layer, step.names, step.inputs
+            if not searched:  # the calls that reach the first search_tokens tokens (the batching is fixed)
+                tokens = torch.tensor([_hidden_of(*call).shape[:-1].numel() for call in inputs]).cumsum(0)
+                searched = min(int((tokens < self.search_tokens).sum()) + 1, len(inputs))
             input_scales: dict[str, torch.Tensor] = {}
             for group_index, group in enumerate(execution_groups(layer, names, *inputs[0]) if names else []):
                 x_mean, parent_calls = _group_statistics(layer, group, inputs, searched)
@@ -356,10 +352,9 @@ class AWQFormat(AffineFormat):
                 else:
                     input_scales.update({n: scales for n in group})
                 for n in group:
-                    details[layer_prefix + n] = {**found, "awq_scales_in": target or "input scale",
-                                                 "sequential_group": group_index}
+                    details[step.prefix + n] = {**found, "awq_scales_in": target or "input scale",
+                                                "sequential_group": group_index}
             linear_inputs = _linear_inputs(layer, names, inputs[:searched]) if self.search_clip else {}
-            quantized = {}
             for name in names:
                 module = layer.get_submodule(name)
                 weight = linear_weight(module).float()
@@ -374,11 +369,7 @@ class AWQFormat(AffineFormat):
                 new = QuantizedLinear.from_linear(module, q, self.kernels, {"method": "awq"})
                 if s is not None:
                     new.set_input_scale(1 / s, linear_weight(module).dtype)
-                quantized[name] = new
-                layer.set_submodule(name, _dense_twin(new, linear_weight(module).dtype))
-            inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
-            for name, module in quantized.items():
-                layer.set_submodule(name, module)
+                step.replace(name, new, linear_weight(module).dtype)
         return details
 
 

@@ -13,7 +13,8 @@ takes every Hessian of a layer from its unquantized linears.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -181,6 +182,42 @@ def _hessians(layer: nn.Module, names: list[str], inputs: list[tuple[tuple, dict
     return accumulators
 
 
+@dataclass
+class LayerStep:
+    """One decoder layer of a calibrated pass: its linears to quantize (``names``, relative to ``prefix``), the
+    calibration calls that reach it, and the replacements made so far."""
+
+    prefix: str
+    layer: nn.Module
+    names: list[str]
+    inputs: list[tuple[tuple, dict]]
+    quantized: dict[str, nn.Module] = field(default_factory=dict)
+
+    def replace(self, name: str, new: nn.Module, dtype: torch.dtype) -> None:
+        """Install ``new`` for ``name`` when the layer is done; until then later linears and the next layer
+        see its output through a dense twin (fast)."""
+        self.quantized[name] = new
+        self.layer.set_submodule(name, _dense_twin(new, dtype) if hasattr(new, "dequantize_weight") else new)
+
+
+def calibrated_layers(model: nn.Module, selected: list[str], samples: list[torch.Tensor], what: str,
+                      batch_size: int = 16) -> Iterator[LayerStep]:
+    """Decoder layer by decoder layer, each fed the outputs of the already-quantized layers before it: the
+    caller quantizes a step's linears (``step.replace``); the layer is then run on the step's inputs to make the
+    next layer's, and the replacements are installed."""
+    layers = decoder_layers(model)
+    prefix = next(name for name, m in model.named_modules() if m is layers)
+    inputs = _batched(_capture_first_layer_inputs(model, layers, samples), batch_size)
+    for index, layer in enumerate(progress(layers, what)):
+        layer_prefix = f"{prefix}.{index}."
+        step = LayerStep(layer_prefix, layer, [n[len(layer_prefix):] for n in selected if n.startswith(layer_prefix)],
+                         inputs)
+        yield step
+        inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
+        for name, module in step.quantized.items():
+            layer.set_submodule(name, module)
+
+
 @torch.no_grad()
 def quantize_sequential_(
     model: nn.Module, selected: list[str], samples: list[torch.Tensor], solve: Solve, batch_size: int = 16,
@@ -191,27 +228,16 @@ def quantize_sequential_(
 
     Returns per-module statistics: the calibration rows seen and the module's group within its layer.
     """
-    layers = decoder_layers(model)
-    prefix = next(name for name, m in model.named_modules() if m is layers)
-    inputs = _batched(_capture_first_layer_inputs(model, layers, samples), batch_size)
     stats: dict[str, dict[str, Any]] = {}
-    for index, layer in enumerate(progress(layers, "calibrated quantization, layers")):
-        layer_prefix = f"{prefix}.{index}."
-        names = [n[len(layer_prefix):] for n in selected if n.startswith(layer_prefix)]
-        groups = (execution_groups(layer, names, *inputs[0]) if true_sequential else [names]) if names else []
-        quantized = {}
+    for step in calibrated_layers(model, selected, samples, "calibrated quantization, layers", batch_size):
+        layer, names = step.layer, step.names
+        groups = (execution_groups(layer, names, *step.inputs[0]) if true_sequential else [names]) if names else []
         for group_index, group in enumerate(groups):
-            accumulators = _hessians(layer, group, inputs)
+            accumulators = _hessians(layer, group, step.inputs)
             for name in group:
                 original = layer.get_submodule(name)
                 with onloaded(original):  # offloaded weights are brought in for the solve only
-                    new = placed(solve(layer_prefix + name, original, accumulators[name].hessian), original)
-                quantized[name] = new
-                # Later groups and the next layer see this one's quantized output, computed densely (fast).
-                layer.set_submodule(name, _dense_twin(new, linear_weight(original).dtype)
-                                    if hasattr(new, "dequantize_weight") else new)
-                stats[layer_prefix + name] = {"calibration_rows": accumulators[name].rows, "sequential_group": group_index}
-        inputs = [_with_hidden(args, kwargs, _run(layer, args, kwargs)) for args, kwargs in inputs]
-        for name, module in quantized.items():
-            layer.set_submodule(name, module)
+                    new = placed(solve(step.prefix + name, original, accumulators[name].hessian), original)
+                step.replace(name, new, linear_weight(original).dtype)
+                stats[step.prefix + name] = {"calibration_rows": accumulators[name].rows, "sequential_group": group_index}
     return stats
