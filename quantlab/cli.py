@@ -65,24 +65,20 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     if args.format:
-        fmt = resolve_format(WEIGHT_FORMATS, parse_format_spec(args.format), "--format", args.format)
+        formats = [resolve_format(WEIGHT_FORMATS, parse_format_spec(f), "--format", f) for f in args.format]
     else:
-        fmt = next((w for w in recipe.weights if w != recipe.baseline_variant.weight), None)
-        if fmt is None:
+        formats = [w for w in recipe.weights if w != recipe.baseline_variant.weight][:1]
+        if not formats:
             raise QuantlabError(f"{args.recipe}: no weight format besides the baseline; name one with --format")
     if args.max_tokens < 2:
         raise QuantlabError("--max-tokens must be at least 2")
     from .sensitivity import run_sensitivity
 
-    out = args.out or Path("reports") / f"{recipe.name}-sensitivity-{fmt.label}-{args.granularity}"
-    table = run_sensitivity(recipe, fmt, args.granularity, out, args.max_tokens,
-                            log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
+    name = "+".join(f.label for f in formats)
+    out = args.out or Path("reports") / f"{recipe.name}-sensitivity-{name}-{args.granularity}"
+    run_sensitivity(recipe, formats, args.granularity, out, args.max_tokens,
+                    log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
     print(out / "sensitivity.md")
-    missing = [r["group"] for r in table if r["kl_divergence_mean"] is None]
-    if missing:
-        print(f"quantlab: {len(missing)} groups have no result (failed; see {out / 'report.md'}): "
-              + ", ".join(missing[:5]), file=sys.stderr)
-        return 1
     return 0
 
 
@@ -205,17 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     est.set_defaults(func=_estimate)
     sens = sub.add_parser("sensitivity", help="quantize one group of modules at a time and rank them by divergence",
                           description="Put one group of linears (a decoder layer, a module type, or one module) in "
-                          "the format, keep the rest as the recipe's baseline, and measure the KL divergence from "
-                          "the baseline on the start of the recipe's perplexity text. Writes sensitivity.md/.csv "
-                          "(ranked) and sensitivity.svg (layers x module types) into the output folder; an "
-                          "interrupted sweep resumes.", epilog=EXIT_CODES)
-    sens.add_argument("recipe", help="recipe YAML file (its model, baseline, perplexity text and calibration)")
-    sens.add_argument("--format", default=None, metavar="F", help="weight format, e.g. int3:group_size=128 "
-                      "(default: the recipe's first weight format that is not the baseline)")
+                          "a format, keep the rest as the recipe's baseline, and measure the KL divergence from "
+                          "the baseline on windows of the recipe's calibration text. Writes sensitivity.md/.csv "
+                          "(ranked; the csv can be a mixed format's sensitivity_path) and sensitivity.svg (layers x "
+                          "module types) into the output folder; an interrupted sweep resumes.", epilog=EXIT_CODES)
+    sens.add_argument("recipe", help="recipe YAML file (its model, baseline and calibration text)")
+    sens.add_argument("--format", action="append", default=None, metavar="F",
+                      help="weight format, e.g. int3:group_size=128; repeat for several (default: the recipe's first "
+                      "weight format that is not the baseline)")
     sens.add_argument("--granularity", choices=["layer", "module-type", "module"], default="layer")
-    sens.add_argument("--max-tokens", type=int, default=4096, help="tokens of the perplexity text scored (default 4096)")
+    sens.add_argument("--max-tokens", type=int, default=2048, help="calibration tokens scored (default 2048)")
     sens.add_argument("--out", type=Path, default=None,
-                      help="output folder (default: reports/<recipe>-sensitivity-<format>-<granularity>)")
+                      help="output folder (default: reports/<recipe>-sensitivity-<formats>-<granularity>)")
     sens.set_defaults(func=_sensitivity)
     formats = sub.add_parser("formats", help="list the registered weight and KV-cache formats",
                              description="List every registered weight and KV-cache format with one line each.")

@@ -320,6 +320,8 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
             if not p.is_dir():
                 raise RecipeError(file, f"weights[{i}].path", f"no such folder: {p}")
             entry["path"] = str(p)
+        for key in [k for k in entry if k.endswith("_path") and isinstance(entry[k], str)] if isinstance(entry, dict) else []:
+            entry[key] = str((base / os.path.expanduser(entry[key])).resolve())  # a file the format reads or writes
     evaluations = data.get("evaluations") if isinstance(data.get("evaluations"), dict) else {}
     for i, task in enumerate(evaluations.get("lm_eval_tasks") or []):
         if isinstance(task, dict) and isinstance(task.get("include_path"), str):

@@ -53,20 +53,22 @@ def _windows(ids: torch.Tensor, window_tokens: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _log_probs(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_size: int, device: torch.device,
-               what: str):
-    """``(log-probabilities [batch, window - 1, vocab] float32, next tokens [batch, window - 1])`` per batch."""
+               what: str | None):
+    """``(log-probabilities [batch, window - 1, vocab] float32, next tokens [batch, window - 1])`` per batch
+    (``what``: the progress bar's name; None shows none)."""
     windows = _windows(ids, window_tokens)
-    for start in progress(range(0, windows.shape[0], batch_size), what):
+    starts = range(0, windows.shape[0], batch_size)
+    for start in (progress(starts, what) if what else starts):
         batch = windows[start:start + batch_size].to(device)
         logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()
         yield F.log_softmax(logits, dim=-1), batch[:, 1:]
 
 
 def reference(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_size: int, device: torch.device,
-              top_k: int | None) -> Reference:
+              top_k: int | None, what: str | None = "divergence reference, windows") -> Reference:
     """The baseline's distributions on the disjoint windows of ``ids``."""
     tops, idx, rest, targets, nll = [], [], [], [], []
-    for logp, nxt in _log_probs(model, ids, window_tokens, batch_size, device, "divergence reference, windows"):
+    for logp, nxt in _log_probs(model, ids, window_tokens, batch_size, device, what):
         target = logp.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
         targets.append(target.reshape(-1).cpu())
         nll.append((-target).double().mean(dim=1).cpu())
@@ -89,11 +91,12 @@ def _quantiles(x: torch.Tensor) -> dict[str, float]:
     return {"median": q[0].item(), "p90": q[1].item(), "p99": q[2].item()}
 
 
-def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int, device: torch.device) -> dict[str, Any]:
+def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int, device: torch.device,
+            what: str | None = "divergence, windows") -> dict[str, Any]:
     """The divergence figures of ``model`` against ``ref`` on the same windows."""
     kls, agree, dprob, nll = [], [], [], []
     offset = 0
-    for logq, nxt in _log_probs(model, ids, ref.window_tokens, batch_size, device, "divergence, windows"):
+    for logq, nxt in _log_probs(model, ids, ref.window_tokens, batch_size, device, what):
         flat = logq.reshape(-1, logq.shape[-1])
         rows = slice(offset, offset + flat.shape[0])
         offset += flat.shape[0]

@@ -1,14 +1,12 @@
 """What a variant's measurements share: the loaded, quantized model and one generation per decode point."""
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -21,31 +19,6 @@ from ..models import LoadedModel, load_config, load_model, model_dtype_name, mod
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
 from ..quant.format import Calibration
-
-
-_REUSE: dict[str, Any] = {}  # while reuse_loaded_models() is active: one pristine model, copied per variant
-
-
-@contextlib.contextmanager
-def reuse_loaded_models() -> Iterator[None]:
-    """Within the block, variants measured in this process (``isolation: none``) of a model loaded on one device
-    start from a copy of one loaded model instead of loading it again (sensitivity sweeps: one variant per group
-    of modules). The copy is released when the block ends."""
-    _REUSE["active"] = True
-    try:
-        yield
-    finally:
-        _REUSE.clear()
-
-
-def _load(spec: Any, device: torch.device, seed: int) -> LoadedModel:
-    if not _REUSE.get("active") or spec.device_map:
-        return load_model(spec, device, seed)
-    key = json.dumps([spec.model_dump(mode="json"), str(device), seed], sort_keys=True)
-    if _REUSE.get("key") != key:
-        _REUSE.update(key=key, loaded=load_model(spec, device, seed))
-    pristine = _REUSE["loaded"]
-    return LoadedModel(copy.deepcopy(pristine.model), pristine.tokenizer, pristine.source)
 
 
 def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
@@ -105,7 +78,7 @@ class VariantContext:
     def load_and_quantize(self) -> None:
         self.rss_before_load_bytes = rss_bytes()
         start = time.perf_counter()
-        self.loaded = _load(self.recipe.model, self.device, self.recipe.seed)
+        self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
         weight = self.variant.weight
         calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
         self.quantize_report = quantize_(self.loaded.model, weight, calibration)

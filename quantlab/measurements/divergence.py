@@ -70,9 +70,10 @@ def _store(path: Path | None, key: str, ref: Reference) -> None:
 def _baseline_model(ctx: Any) -> Any:
     """The baseline variant's model, loaded and quantized in this process."""
     from ..quant import quantize_
-    from .context import _load, calibration_for
+    from ..models import load_model
+    from .context import calibration_for
 
-    loaded = _load(ctx.recipe.model, ctx.device, ctx.recipe.seed)
+    loaded = load_model(ctx.recipe.model, ctx.device, ctx.recipe.seed)
     weight = ctx.recipe.baseline_variant.weight
     quantize_(loaded.model, weight, calibration_for(ctx.recipe, loaded) if weight.needs_calibration else None)
     return loaded.model

@@ -1,6 +1,6 @@
 """Weight formats. Importing this package registers every built-in format and matmul kernel."""
 from . import kernel_bitplane, kernel_gptqmodel  # noqa: F401  (kernel registration, before the formats that list kernels)
-from . import awq, cast, checkpoint, codebook, fp8, gptq, gptqmodel_backend, hqq, rtn  # noqa: F401  (registration)
+from . import awq, cast, checkpoint, codebook, fp8, gptq, gptqmodel_backend, hqq, mixed, rtn  # noqa: F401  (registration)
 from .apply import QuantizeReport, quantize_
 from .format import WEIGHT_FORMATS, WeightFormat
 from .gptq_checkpoint import load_gptq, save_gptq

@@ -6,7 +6,7 @@ from fnmatch import fnmatch
 from typing import Any, ClassVar, Iterator
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from torch import nn
 
 from ..dtypes import DTYPES, SHORT_DTYPE, DtypeName  # noqa: F401  (re-exported for the formats)
