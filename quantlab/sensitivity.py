@@ -115,12 +115,12 @@ def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granu
     from .quant.apply import select_linears
 
     baseline = recipe.baseline_variant.weight
-    compute = baseline.unquantized_dtype(torch.float32)
+    loaded = load_model(recipe.model, resolve_device(recipe.device), recipe.seed)
+    base = next(loaded.model.parameters()).dtype
     for f in formats:
-        if f.unquantized_dtype(torch.float32) != compute or f.include is not None or f.exclude or f.overrides:
+        if f.unquantized_dtype(base) != baseline.unquantized_dtype(base) or f.include is not None or f.exclude or f.overrides:
             raise QuantlabError(f"{recipe.source}: sensitivity puts {f.label} beside the baseline {baseline.label}: "
                                 "it needs the baseline's compute dtype and no include, exclude or overrides")
-    loaded = load_model(recipe.model, resolve_device(recipe.device), recipe.seed)
     if quantize_(loaded.model, baseline).replaced:
         raise QuantlabError(f"{recipe.source}: the baseline {baseline.label} quantizes linears; sensitivity needs an "
                             "unquantized baseline (fp32, bf16 or fp16)")

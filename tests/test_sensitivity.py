@@ -113,3 +113,9 @@ def test_a_recipe_without_a_second_format_needs_one(tmp_path: Path, capsys: pyte
 def test_a_format_in_another_compute_dtype_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sensitivity", str(_recipe(tmp_path)), "--format", "int4:compute_dtype=bfloat16"]) == 2
     assert "compute dtype" in capsys.readouterr().err
+
+
+def test_a_format_that_keeps_the_models_dtype_sits_beside_a_cast_baseline(tmp_path: Path) -> None:
+    path = _recipe(tmp_path, model={"bundled": "tiny-stdlib-llama", "dtype": "bfloat16"}, weights=["bf16", "int8"])
+    assert main(["sensitivity", str(path), "--max-tokens", "128", "--out", str(tmp_path / "out")]) == 0
+    assert len(_rows(tmp_path / "out")) == 6
