@@ -46,12 +46,15 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["kl_divergence_mean"])
 
 
-def heatmap(table: list[dict[str, Any]], formats: list[str], granularity: str) -> str:
-    """Mean KL by decoder layer (rows) and module type (columns), one panel per format, as an SVG."""
+def heatmap(table: list[dict[str, Any]], formats: list[str], granularity: str, kinds: list[str | None]) -> str:
+    """Mean KL by decoder layer (rows) and module type (columns, in ``kinds``' order), one panel per format, on
+    one logarithmic colour scale (a few groups are often orders of magnitude above the rest), as an SVG."""
+    from matplotlib.colors import LogNorm
+
     from .report.plots import STYLE, plt, to_svg
 
     layers = sorted({r["layer"] for r in table if r["layer"] is not None}) or [None]
-    kinds = list(dict.fromkeys(r["module_type"] for r in table if r["module_type"] is not None)) or [None]
+    kinds = [k for k in kinds if k is not None] or [None]
     grids = {f: torch.full((len(layers), len(kinds)), float("nan")) for f in formats}
     for r in table:
         rows = [layers.index(r["layer"])] if r["layer"] in layers else range(len(layers))
@@ -59,21 +62,23 @@ def heatmap(table: list[dict[str, Any]], formats: list[str], granularity: str) -
         for i in rows:
             for j in cols:
                 grids[r["format"]][i, j] = r["kl_divergence_mean"]
-    top = max((g.nan_to_num(0).max().item() for g in grids.values()), default=1.0) or 1.0
+    values = torch.cat([g[g > 0] for g in grids.values()])
+    norm = LogNorm(vmin=values.min().item(), vmax=values.max().item()) if values.numel() else None
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, len(formats), squeeze=False,
                                  figsize=(1.6 + (0.9 * len(kinds) + 0.6) * len(formats), 1.2 + 0.22 * len(layers)))
         for ax, f in zip(axes[0], formats):
-            image = ax.imshow(grids[f].numpy(), aspect="auto", cmap="magma_r", vmin=0, vmax=top)
+            image = ax.imshow(grids[f].numpy(), aspect="auto", cmap="magma_r", norm=norm)
             ax.set_xticks(range(len(kinds)), [k or "all linears" for k in kinds], rotation=45, ha="right")
             ax.set_yticks(range(len(layers)), ["all layers" if i is None else str(i) for i in layers])
             ax.set_title(f"{f}: one {granularity} at a time", fontsize=9)
         axes[0][0].set_ylabel("decoder layer")
-        fig.colorbar(image, ax=list(axes[0]), label="mean KL from the baseline (nats)")
+        fig.colorbar(image, ax=list(axes[0]), label="mean KL from the baseline (nats, log scale)")
         return to_svg(fig)
 
 
-def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], granularity: str, stamp: dict[str, Any]) -> None:
+def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], granularity: str, stamp: dict[str, Any],
+                 kinds: list[str | None]) -> None:
     import pandas as pd
 
     from .records import atomic_write_text
@@ -89,7 +94,7 @@ def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], gra
                      f"{r['top1_agreement_percent']:.2f} | {r['delta_perplexity']:+.3f} |")
     lines += ["", "![heatmap](sensitivity.svg)", ""]
     atomic_write_text(out / "sensitivity.md", "\n".join(lines))
-    atomic_write_text(out / "sensitivity.svg", heatmap(table, formats, granularity))
+    atomic_write_text(out / "sensitivity.svg", heatmap(table, formats, granularity, kinds))
 
 
 def _earlier_rows(path: Path, stamp: dict[str, Any]) -> list[dict[str, Any]]:
@@ -149,5 +154,5 @@ def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granu
     if len(done) < len(wanted):
         rows += scan(loaded.model, groups, formats, samples, calibration, done=done, on_row=append)
     table = rank([{k: v for k, v in r.items() if k != "stamp"} for r in rows])
-    write_tables(out, table, [f.scheme_label for f in formats], granularity, stamp)
+    write_tables(out, table, [f.scheme_label for f in formats], granularity, stamp, list(dict.fromkeys(g.kind for g in groups)))
     return table

@@ -8,7 +8,7 @@ whole vocabulary, in float16, whose rounding adds up to about 1e-3 to a KL). A v
   one outcome (p_rest, q_rest): by the log-sum inequality this is never above the full-vocabulary KL, and the gap
   is p_rest times the KL between the two renormalized tails (small where the top k hold most of the mass; the
   mean p_rest is reported beside it);
-- whether the most likely token is the same (top-1 agreement);
+- whether the baseline's most likely token is also the variant's (top-1 agreement; a tie for first counts);
 - the difference in the probability of the token that actually comes next (its RMS over positions);
 - and per window the mean negative log-likelihood, from which Δ perplexity and a 95% interval over the paired
   per-window differences follow (windows of equal length: perplexity = exp of the mean of window means).
@@ -112,7 +112,8 @@ def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int
             kl = (logp.exp() * (logp - logq_top)).sum(-1) + rest_p.exp() * (rest_p - rest_q)
             base_top1 = top_ids[:, 0]
         kls.append(kl.clamp(min=0).cpu())
-        agree.append((flat.argmax(-1) == base_top1).cpu())
+        # the baseline's top token is one of the variant's most likely (ties, common in bf16 logits, agree)
+        agree.append((flat.gather(-1, base_top1.unsqueeze(-1)).squeeze(-1) >= flat.max(-1).values).cpu())
         target = flat.gather(-1, nxt.reshape(-1, 1)).squeeze(-1)
         dprob.append((target.exp() - ref.target_logprobs[rows].to(flat.device).exp()).cpu())
         nll.append((-target).double().reshape(nxt.shape).mean(dim=1).cpu())

@@ -70,3 +70,19 @@ def test_the_baseline_against_itself_is_zero_and_fully_agrees() -> None:
     assert got["kl_divergence_mean"] == got["kl_divergence_max"] == 0
     assert got["top1_agreement_percent"] == 100 and got["delta_perplexity"] == 0
     assert got["next_token_prob_rms_diff"] == 0
+
+
+@pytest.mark.parametrize("top_k", [64, None])
+def test_a_baseline_against_itself_fully_agrees_where_tokens_tie_for_first(top_k) -> None:
+    """Tokens with equal logits (common in bf16) tie for first: whichever one the baseline kept, it agrees."""
+    base, _, ids = _pair()
+    with torch.no_grad():
+        head = base.get_output_embeddings().weight
+        head[1::2] = head[0::2]  # every token has a twin with the same logit
+    with torch.no_grad():
+        logits = base(ids[:WINDOW].unsqueeze(0)).logits[0].float()
+    top2 = logits.topk(2, dim=-1)
+    assert (top2.values[:, 0] == top2.values[:, 1]).all()  # a tie for first everywhere
+    got = compare(base, ids, reference(base, ids, WINDOW, 4, CPU, top_k=top_k), 4, CPU)
+    assert got["top1_agreement_percent"] == 100
+    assert got["kl_divergence_mean"] == 0 if top_k else got["kl_divergence_mean"] < 1e-3  # float16 storage
