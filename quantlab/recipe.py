@@ -270,6 +270,12 @@ def resolve_format(registry: Registry[Any], entry: Any, file: str, where: str) -
     allowed = [f for f in preset.cls.model_fields if f not in preset.fixed]
     if "overrides" in params and "overrides" in allowed:
         params["overrides"] = _resolve_overrides(registry, params["overrides"], file, f"{where}.overrides")
+    for key in getattr(preset.cls, "format_fields", ()):  # weight formats holding formats (a mix's candidates)
+        value = params.get(key)
+        if isinstance(value, list):
+            params[key] = [resolve_format(registry, e, file, f"{where}.{key}[{j}]") for j, e in enumerate(value)]
+        elif value is not None:
+            params[key] = resolve_format(registry, value, file, f"{where}.{key}")
     for key in params:
         if key in preset.fixed:
             raise RecipeError(file, f"{where}.{key}", f"'{key}' is fixed by format '{name}' (settable: {', '.join(allowed)})")

@@ -37,6 +37,7 @@ class WeightFormat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     requires_calibration: ClassVar[bool] = False
+    format_fields: ClassVar[tuple[str, ...]] = ()  # fields holding formats themselves: a recipe resolves each entry
     include: tuple[str, ...] | None = Field(None, description="globs of the linears to quantize (default: all but "
                                             "the output head)")
     exclude: tuple[str, ...] = Field((), description="globs of linears kept unquantized")

@@ -54,6 +54,7 @@ def _spec(fmt: WeightFormat) -> dict[str, Any]:
                          "sensitivity_path, scan_tokens")
 class MixedFormat(WeightFormat):
     requires_calibration: ClassVar[bool] = True  # the sensitivity scan reads the calibration text
+    format_fields: ClassVar[tuple[str, ...]] = ("candidates", "budget_format")  # recipes resolve these as formats
     candidates: tuple[WeightFormat, ...] = Field(min_length=2, description="the formats a linear may be stored in")
     budget_bytes: int | None = Field(None, gt=0, description="most bytes the selected linears' weights may take")
     bits_per_weight: float | None = Field(None, gt=0, description="most bits per weight over the selected linears "

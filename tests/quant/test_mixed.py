@@ -55,7 +55,13 @@ def test_a_recipe_names_the_entry_when_mixed_is_wrong(tmp_path: Path) -> None:
             "weights": ["fp32", {"format": "mixed", "candidates": [INT8, INT4]}]}
     with pytest.raises(RecipeError, match=r"weights\[1\].*exactly one of budget_bytes"):
         validate_recipe(spec)
-    spec["weights"][1].update(bits_per_weight=5, sensitivity_path="tables/s.csv")
+    spec["weights"][1].update(bits_per_weight=5, candidates=["int9", INT4])
+    with pytest.raises(RecipeError, match=r"weights\[1\].candidates\[0\].format: unknown weight format 'int9'"):
+        validate_recipe(spec)
+    spec["weights"][1]["candidates"] = [INT8, {**INT4, "grup_size": 3}]
+    with pytest.raises(RecipeError, match=r"weights\[1\].candidates\[1\].grup_size: .*did you mean 'group_size'"):
+        validate_recipe(spec)
+    spec["weights"][1].update(candidates=[INT8, INT4], sensitivity_path="tables/s.csv")
     recipe = validate_recipe(spec, base_dir=tmp_path)
     assert recipe.weights[1].sensitivity_path == str(tmp_path / "tables" / "s.csv")
 
