@@ -94,15 +94,16 @@ def test_the_table_feeds_a_mixed_format(tmp_path: Path) -> None:
     from quantlab.models import load_model
 
     out = tmp_path / "out"
-    assert main(["sensitivity", str(_recipe(tmp_path)), "--granularity", "module", "--max-tokens", "128",
+    assert main(["sensitivity", str(_recipe(tmp_path)), "--granularity", "layer", "--max-tokens", "128",
                  "--format", "int8", "--format", "int2:group_size=64", "--out", str(out)]) == 0
     recipe = load_recipe(_recipe(tmp_path))
     loaded = load_model(recipe.model)
     fmt = WEIGHT_FORMATS["mixed"].build(candidates=["int8", {"format": "int2", "group_size": 64}], bits_per_weight=5,
-                                        sensitivity_path=str(out / "sensitivity.csv"))
+                                        granularity="layer", sensitivity_path=str(out / "sensitivity.csv"))
     report = quantize_(loaded.model, fmt, calibration_for(recipe, loaded))
-    kinds = {d["format"] for d in report.details.values()}
-    assert kinds == {"int8-pc-asym", "int2-g64-asym"}
+    by_layer = {n.split(".")[2]: d["format"] for n, d in report.details.items()}  # a layer takes one format
+    assert len(report.details) == 42 and set(by_layer.values()) == {"int8-pc-asym", "int2-g64-asym"}
+    assert all(d["format"] == by_layer[n.split(".")[2]] for n, d in report.details.items())
 
 
 def test_a_recipe_without_a_second_format_needs_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
