@@ -135,6 +135,14 @@ def load_config(spec: ModelSpec) -> Any:
         raise QuantlabError(f"cannot load the model config from {where}: {first}") from None
 
 
+def meta_model(config: Any, trust_remote_code: bool = False) -> nn.Module:
+    """The transformers model of ``config`` on the meta device: its module tree and shapes, no memory."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
 def model_dtype_name(spec: ModelSpec, config: Any) -> str:
     """The dtype the model is loaded in, by name (``float32``, ``bfloat16``, ``float16``)."""
     return str(_dtype(spec, config)).removeprefix("torch.")

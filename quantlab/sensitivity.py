@@ -13,15 +13,14 @@ Each measured row is appended to ``sensitivity.jsonl`` as it comes; an interrupt
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from .errors import QuantlabError
+from .results import atomic_write_text, read_jsonl
 from .quant import WeightFormat
 from .quant.groups import Granularity, ModuleGroup, group_linears
 
@@ -30,14 +29,10 @@ ROWS_FILE = "sensitivity.jsonl"
 
 def module_groups(model_spec: Any, granularity: Granularity) -> list[ModuleGroup]:
     """The groups of the model's default-selected linears, from its config (no weights read)."""
-    from transformers import AutoModelForCausalLM
-
-    from .models import load_config
+    from .models import load_config, meta_model
     from .quant.apply import select_linears
 
-    config = load_config(model_spec)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_spec.trust_remote_code)
+    model = meta_model(load_config(model_spec), model_spec.trust_remote_code)
     return group_linears(model, select_linears(model)[0], granularity)
 
 
@@ -81,8 +76,6 @@ def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], gra
                  kinds: list[str | None]) -> None:
     import pandas as pd
 
-    from .records import atomic_write_text
-
     atomic_write_text(out / "sensitivity.csv", pd.DataFrame(table).to_csv(index=False))
     lines = [f"# Sensitivity to {', '.join(formats)} ({granularity})", "",
              "Each row: only this group in this format, everything else as the baseline "
@@ -97,49 +90,45 @@ def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], gra
     atomic_write_text(out / "sensitivity.svg", heatmap(table, formats, granularity, kinds))
 
 
-def _earlier_rows(path: Path, stamp: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows an earlier, interrupted sweep measured under the same stamp (a torn last line is dropped)."""
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("stamp") == stamp:
-            rows.append(row)
-    return rows
+def _earlier_rows(path: Path, stamp: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Rows an earlier, interrupted sweep measured under the same stamp. The file is written back whole without a
+    torn last line (a write cut short), so that rows appended from here on start on a line of their own."""
+    rows = read_jsonl(path, log)
+    if path.exists():
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+    return [row for row in rows if row.get("stamp") == stamp]
 
 
 def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granularity, out: Path, max_tokens: int,
                     log: Callable[[str], None]) -> list[dict[str, Any]]:
+    from .dtypes import DTYPES
     from .measure.device import resolve_device
-    from .measure.module_sensitivity import scan
-    from .measurements.context import calibration_for
-    from .models import load_model
-    from .quant import quantize_
+    from .measure.module_sensitivity import scan, scan_samples
+    from .measure.perplexity import token_ids_sha256
+    from .measurements.context import calibration_for, load_baseline
+    from .models import load_config, model_dtype_name
     from .quant.apply import select_linears
 
     baseline = recipe.baseline_variant.weight
-    loaded = load_model(recipe.model, resolve_device(recipe.device), recipe.seed)
-    base = next(loaded.model.parameters()).dtype
+    base = DTYPES[model_dtype_name(recipe.model, load_config(recipe.model))]  # the dtype the model loads in
     for f in formats:
-        if f.unquantized_dtype(base) != baseline.unquantized_dtype(base) or f.include is not None or f.exclude or f.overrides:
+        if f.unquantized_dtype(base) != baseline.unquantized_dtype(base) or not f.is_plain:
             raise QuantlabError(f"{recipe.source}: sensitivity puts {f.label} beside the baseline {baseline.label}: "
                                 "it needs the baseline's compute dtype and no include, exclude or overrides")
-    if quantize_(loaded.model, baseline).replaced:
+    loaded, applied = load_baseline(recipe, resolve_device(recipe.device))
+    if applied.replaced:
         raise QuantlabError(f"{recipe.source}: the baseline {baseline.label} quantizes linears; sensitivity needs an "
                             "unquantized baseline (fp32, bf16 or fp16)")
     calibration = calibration_for(recipe, loaded)
-    window = calibration.samples[0].shape[-1]
-    samples = calibration.samples[:max(1, math.ceil(max_tokens / window))]
-    ids = torch.cat([s.reshape(-1) for s in samples])
+    samples = scan_samples(calibration, max_tokens)
+    window = samples[0].shape[-1]
     stamp = {"baseline": baseline.label, "granularity": granularity, "text": str(recipe.calibration.text),
              "window_tokens": window, "scored_tokens": len(samples) * (window - 1), "seed": recipe.calibration.seed,
-             "text_sha256": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
+             "text_sha256": token_ids_sha256(torch.cat([s.reshape(-1) for s in samples]))}
     groups = group_linears(loaded.model, select_linears(loaded.model)[0], granularity)
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / ROWS_FILE
-    earlier = _earlier_rows(rows_path, stamp)
+    earlier = _earlier_rows(rows_path, stamp, log)
     wanted = {(g.name, f.scheme_label) for g in groups for f in formats}
     rows = [r for r in earlier if (r["group"], r["format"]) in wanted]
     if rows:

@@ -71,6 +71,8 @@ def test_an_interrupted_sweep_resumes_from_its_rows_and_several_formats_share_on
     assert main(args) == 130  # interrupted: "run the same command again to resume"
     lines = (tmp_path / "out" / ROWS_FILE).read_text().splitlines()
     assert len(lines) == 5
+    with open(tmp_path / "out" / ROWS_FILE, "a") as f:
+        f.write('{"group": "layer')  # a write cut short by the interruption
     seen.clear()
     monkeypatch.setattr(scan_module, "scan", lambda *a, **k: scan(*a, on_row=lambda r: seen.append(r) or k["on_row"](r),
                                                                  **{x: y for x, y in k.items() if x != "on_row"}))

@@ -67,13 +67,11 @@ def _component(name: str, module: nn.Module, model: nn.Module) -> str:
 def from_implementation(config: Any) -> Inventory:
     """Instantiate the transformers model on the meta device (no memory, no weights) and list its tensors;
     tied tensors are listed once."""
-    from transformers import AutoModelForCausalLM
-
+    from ..models import meta_model
     from ..quant.apply import select_linears
     from ..quant.linear import linear_types, linear_weight
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_model(config)
     selected = set(select_linears(model)[0])
     seen: set[int] = set()
     tensors: list[TensorEntry] = []

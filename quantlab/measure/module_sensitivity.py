@@ -15,6 +15,7 @@ are put back. Two things keep this cheap:
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -24,7 +25,7 @@ from torch import nn
 from ..progress import progress
 from ..quant.format import Calibration, WeightFormat
 from ..quant.groups import ModuleGroup
-from ..quant.offload import execution_device, onloaded, placed
+from ..quant.offload import execution_device
 from ..quant.sequential import decoder_layers
 from .divergence import compare, reference
 
@@ -88,11 +89,10 @@ def _calibrated_bank(model: nn.Module, fmt: WeightFormat, names: list[str], cali
     return {name: twin.get_submodule(name) for name in done}
 
 
-def _quantized(model: nn.Module, fmt: WeightFormat, name: str) -> nn.Module | None:
-    old = model.get_submodule(name)
-    with onloaded(old):
-        new = fmt.quantize_module(name, old)
-    return None if new is None else placed(new, old)
+def scan_samples(calibration: Calibration, tokens: int) -> list[torch.Tensor]:
+    """The first calibration windows holding ``tokens`` tokens (at least one window): the text a scan scores."""
+    window = calibration.samples[0].shape[-1]
+    return calibration.samples[:max(1, math.ceil(tokens / window))]
 
 
 @torch.no_grad()
@@ -128,7 +128,7 @@ def scan(model: nn.Module, groups: list[ModuleGroup], candidates: list[WeightFor
             current = fmt
             bank = _calibrated_bank(model, fmt, names, calibration) if fmt.needs_calibration else {}
         replacements = {n: m for n in group.modules
-                        if (m := bank.get(n) if fmt.needs_calibration else _quantized(model, fmt, n)) is not None}
+                        if (m := bank.get(n) if fmt.needs_calibration else fmt.replacement(model, n)) is not None}
         row = {"group": group.name, "layer": group.layer, "module_type": group.kind, "format": fmt.scheme_label}
         if not replacements:  # the format keeps these linears as they are
             row.update(kl_divergence_mean=0.0, kl_divergence_p99=0.0, top1_agreement_percent=100.0, delta_perplexity=0.0)

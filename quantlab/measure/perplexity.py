@@ -5,6 +5,7 @@ paper's method; each window starts without context). ``sliding``: window N every
 token scored once (HF's "perplexity of fixed-length models")."""
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -23,6 +24,11 @@ def tokenize(tokenizer: Any, text: Text) -> torch.Tensor:
 
 
 Span = tuple[int, int, int]  # (begin, end, scored): the last `scored` tokens of ids[begin:end] are scored
+
+
+def token_ids_sha256(ids: torch.Tensor) -> str:
+    """The SHA-256 of token ids as stored (what a stamp names when the ids, not a text, were scored)."""
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
 
 
 def window_spans(n_tokens: int, window_tokens: int, stride_tokens: int) -> list[Span]:

@@ -38,6 +38,14 @@ def config_estimate(model_spec: Any) -> Any | None:
     return _config_estimate(json.dumps(model_spec.model_dump(mode="json"), sort_keys=True))
 
 
+def load_baseline(recipe: Any, device: torch.device) -> tuple[LoadedModel, QuantizeReport]:
+    """The recipe's baseline variant in this process: its model loaded and its weight format applied."""
+    loaded = load_model(recipe.model, device, recipe.seed)
+    weight = recipe.baseline_variant.weight
+    report = quantize_(loaded.model, weight, calibration_for(recipe, loaded) if weight.needs_calibration else None)
+    return loaded, report
+
+
 @lru_cache(maxsize=4)
 def _config_estimate(spec_json: str) -> Any | None:
     from ..estimate import estimate_from_raw, read_raw_config

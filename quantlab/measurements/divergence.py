@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..measure.divergence import Reference, compare, reference
+from ..measure.perplexity import token_ids_sha256
+from ..results import atomic_write
 from .base import Column, Measurement, Result, register
+from .context import load_baseline
 from .perplexity import scored_text
 
 _IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
@@ -45,7 +46,7 @@ def _spec(recipe: Any) -> tuple[Any, int, int | None]:
 def _reference_key(recipe: Any, ids: torch.Tensor) -> str:
     d, window, _ = _spec(recipe)
     payload = {"baseline": recipe.baseline_variant.key, "window_tokens": window, "top_k": d.top_k,
-               "tokens": hashlib.sha256(ids.numpy().tobytes()).hexdigest()}
+               "tokens": token_ids_sha256(ids)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -58,25 +59,8 @@ def _load(path: Path | None, key: str) -> Reference | None:
 def _store(path: Path | None, key: str, ref: Reference) -> None:
     if path is None:
         _IN_PROCESS[key] = ref
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    torch.save(ref.state(), tmp)
-    os.chmod(tmp, 0o644)  # readable by the other processes (and users) filling the run folder, as records are
-    os.replace(tmp, path)  # whole or absent: two writers write the same figures
-
-
-def _baseline_model(ctx: Any) -> Any:
-    """The baseline variant's model, loaded and quantized in this process."""
-    from ..quant import quantize_
-    from ..models import load_model
-    from .context import calibration_for
-
-    loaded = load_model(ctx.recipe.model, ctx.device, ctx.recipe.seed)
-    weight = ctx.recipe.baseline_variant.weight
-    quantize_(loaded.model, weight, calibration_for(ctx.recipe, loaded) if weight.needs_calibration else None)
-    return loaded.model
+    else:  # whole or absent, readable by the other processes filling the run folder: two writers write the same
+        atomic_write(path, lambda tmp: torch.save(ref.state(), tmp))
 
 
 @register("divergence", "KL divergence, top-1 agreement and Δ perplexity against the baseline variant")
@@ -107,7 +91,7 @@ class Divergence(Measurement):
         is_baseline = ctx.variant.label == ctx.recipe.baseline_label
         ref = _load(path, key)
         if ref is None:
-            model = ctx.model if is_baseline else _baseline_model(ctx)
+            model = ctx.model if is_baseline else load_baseline(ctx.recipe, ctx.device)[0].model
             ref = reference(model, ids, window, spec.batch_size, ctx.device, spec.top_k)
             _store(path, key, ref)
             del model

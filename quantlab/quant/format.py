@@ -63,6 +63,11 @@ class WeightFormat(BaseModel):
         return "".join(parts)
 
     @property
+    def is_plain(self) -> bool:
+        """Whether the format takes the default selection whole: no include, exclude or overrides."""
+        return self.include is None and not self.exclude and not self.overrides
+
+    @property
     def needs_calibration(self) -> bool:
         """Whether this format, or one of its overrides, needs calibration data."""
         return self.requires_calibration or any(o.format.requires_calibration for o in self.overrides)
@@ -79,7 +84,7 @@ class WeightFormat(BaseModel):
     def _overrides_are_plain(self) -> "WeightFormat":
         for o in self.overrides:
             f = o.format
-            if f.include is not None or f.exclude or f.overrides:
+            if not f.is_plain:
                 raise ValueError("an override's format takes no include, exclude or overrides of its own")
             if f.unquantized_dtype(torch.float32) != self.unquantized_dtype(torch.float32):
                 raise ValueError(f"override {f.label} would run the model in another dtype than {self.scheme_label}; "
@@ -102,20 +107,25 @@ class WeightFormat(BaseModel):
         """A replacement for a selected linear module, or None to leave it as it is."""
         return None
 
+    def replacement(self, model: nn.Module, name: str) -> nn.Module | None:
+        """``quantize_module`` of the model's module ``name``, placed where that module runs (None: kept)."""
+        from .offload import onloaded, placed
+
+        old = model.get_submodule(name)
+        with onloaded(old):  # an offloaded module's weights are brought in for its quantization only
+            new = self.quantize_module(name, old)
+        return None if new is None else placed(new, old)
+
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         """Replace the ``selected`` linear modules in place; returns per-module details (may be empty).
 
         The default quantizes each module on its own; calibrated formats override this.
         """
-        from .offload import onloaded, placed
-
         details: dict[str, Any] = {}
         for name in selected:
-            old = model.get_submodule(name)
-            with onloaded(old):  # an offloaded module's weights are brought in for its quantization only
-                new = self.quantize_module(name, old)
+            new = self.replacement(model, name)
             if new is not None:
-                model.set_submodule(name, placed(new, old))
+                model.set_submodule(name, new)
                 details[name] = {}
         return details
 
@@ -161,19 +171,30 @@ class ModuleOverride(BaseModel):
             data["modules"] = (data["modules"],)
         fmt = data.get("format")
         if not isinstance(fmt, WeightFormat):
-            params = {k: v for k, v in data.items() if k != "modules"}
-            if isinstance(fmt, dict):
-                params = dict(fmt)
-            name = params.pop("format", None)
-            if not isinstance(name, str):
-                raise ValueError(f"format: required, one of {', '.join(WEIGHT_FORMATS.names())}")
-            data = {"modules": data.get("modules"), "format": WEIGHT_FORMATS[name].build(**params)}
+            params = fmt if isinstance(fmt, dict) else {k: v for k, v in data.items() if k != "modules"}
+            data = {"modules": data.get("modules"), "format": build_format(params)}
         return data
 
     @model_serializer
     def _spec(self) -> dict[str, Any]:
-        return {"modules": list(self.modules), "format": WEIGHT_FORMATS.canonical_name(self.format),
-                **self.format.model_dump(mode="json", exclude_defaults=True)}
+        return {"modules": list(self.modules), **format_entry(self.format)}
+
+
+def build_format(entry: Any) -> WeightFormat:
+    """A format from its recipe form: ``NAME`` or ``{format: NAME, field: value...}`` (a format is returned as is)."""
+    if isinstance(entry, WeightFormat):
+        return entry
+    params = {"format": entry} if isinstance(entry, str) else dict(entry) if isinstance(entry, dict) else {}
+    name = params.pop("format", None)
+    if not isinstance(name, str):
+        raise ValueError(f"format: required, a name or {{format: NAME, field: value...}} (names: "
+                         f"{', '.join(WEIGHT_FORMATS.names())})")
+    return WEIGHT_FORMATS[name].build(**params)
+
+
+def format_entry(fmt: WeightFormat) -> dict[str, Any]:
+    """The recipe form of ``fmt`` (registered name and the fields set away from their defaults)."""
+    return {"format": WEIGHT_FORMATS.canonical_name(fmt), **fmt.model_dump(mode="json", exclude_defaults=True)}
 
 
 for _cls in (WeightFormat, QuantizedWeightFormat):

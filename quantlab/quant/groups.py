@@ -7,7 +7,7 @@ from typing import Literal
 
 from torch import nn
 
-from .sequential import decoder_layers
+from .sequential import decoder_layers_name
 
 Granularity = Literal["layer", "module-type", "module"]
 GRANULARITIES = ("layer", "module-type", "module")
@@ -25,8 +25,7 @@ class ModuleGroup:
 
 def group_linears(model: nn.Module, names: list[str], granularity: Granularity) -> list[ModuleGroup]:
     """``names`` (linears of ``model``) grouped by ``granularity``, in model order."""
-    layers = decoder_layers(model)
-    prefix = next(name for name, m in model.named_modules() if m is layers) + "."
+    prefix = decoder_layers_name(model) + "."
 
     def layer_of(name: str) -> int | None:
         return int(name[len(prefix):].split(".", 1)[0]) if name.startswith(prefix) else None

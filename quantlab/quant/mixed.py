@@ -27,26 +27,12 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 from torch import nn
 
 from ..errors import QuantlabError
-from .format import WEIGHT_FORMATS, Calibration, WeightFormat
+from .format import WEIGHT_FORMATS, Calibration, WeightFormat, build_format, format_entry
 from .groups import Granularity, ModuleGroup, group_linears
 from .knapsack import InfeasibleBudget, choose
 from .linear import linear_weight
 
 TABLE_KEYS = ("group", "format", "kl_divergence_mean")
-
-
-def _build(entry: Any) -> WeightFormat:
-    if isinstance(entry, WeightFormat):
-        return entry
-    params = {"format": entry} if isinstance(entry, str) else dict(entry) if isinstance(entry, dict) else None
-    if params is None or not isinstance(params.get("format"), str):
-        raise ValueError(f"a format: a name or {{format: NAME, field: value...}} (names: {', '.join(WEIGHT_FORMATS.names())})")
-    name = params.pop("format")
-    return WEIGHT_FORMATS[name].build(**params)
-
-
-def _spec(fmt: WeightFormat) -> dict[str, Any]:
-    return {"format": WEIGHT_FORMATS.canonical_name(fmt), **fmt.model_dump(mode="json", exclude_defaults=True)}
 
 
 @WEIGHT_FORMATS.register("mixed", "per-module choice among candidate formats under a byte budget, by measured "
@@ -68,20 +54,20 @@ class MixedFormat(WeightFormat):
     @field_validator("candidates", mode="before")
     @classmethod
     def _candidates(cls, value: Any) -> Any:
-        return tuple(_build(e) for e in value) if isinstance(value, (list, tuple)) else value
+        return tuple(build_format(e) for e in value) if isinstance(value, (list, tuple)) else value
 
     @field_validator("budget_format", mode="before")
     @classmethod
     def _budget_format(cls, value: Any) -> Any:
-        return None if value is None else _build(value)
+        return None if value is None else build_format(value)
 
     @field_serializer("candidates")
     def _dump_candidates(self, value: tuple[WeightFormat, ...]) -> list[dict[str, Any]]:
-        return [_spec(f) for f in value]
+        return [format_entry(f) for f in value]
 
     @field_serializer("budget_format")
     def _dump_budget_format(self, value: WeightFormat | None) -> dict[str, Any] | None:
-        return None if value is None else _spec(value)
+        return None if value is None else format_entry(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> "MixedFormat":
@@ -95,7 +81,7 @@ class MixedFormat(WeightFormat):
             raise ValueError(f"candidates repeat a format: {', '.join(labels)}")
         dtype = self.candidates[0].unquantized_dtype(torch.float32)
         for c in (*self.candidates, *([self.budget_format] if self.budget_format else [])):
-            if isinstance(c, MixedFormat) or c.include is not None or c.exclude or c.overrides:
+            if isinstance(c, MixedFormat) or not c.is_plain:
                 raise ValueError(f"candidate {c.label}: a plain format (no mixed, include, exclude or overrides)")
             try:
                 c.linear_weight_bytes(64, 64, torch.float32)
@@ -147,13 +133,12 @@ class MixedFormat(WeightFormat):
                 raise QuantlabError(f"{path}: a sensitivity table needs the columns {', '.join(TABLE_KEYS)} "
                                     f"(missing: {', '.join(missing_columns)})")
         else:
-            from ..measure.module_sensitivity import scan
+            from ..measure.module_sensitivity import scan, scan_samples
             from ..records import atomic_write_text
 
             if calibration is None or not len(calibration):
                 raise QuantlabError(f"weight format {self.label} scans sensitivity on calibration text: give calibration")
-            window = calibration.samples[0].shape[-1]
-            samples = calibration.samples[:max(1, math.ceil(self.scan_tokens / window))]
+            samples = scan_samples(calibration, self.scan_tokens)
             table = pd.DataFrame(scan(model, groups, list(self.candidates), samples, calibration))
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,12 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError("could not find the decoder layers of this model")
 
 
+def decoder_layers_name(model: nn.Module) -> str:
+    """The qualified name of the model's stack of decoder layers (``model.layers``)."""
+    layers = decoder_layers(model)
+    return next(name for name, m in model.named_modules() if m is layers)
+
+
 class HessianAccumulator:
     """Running ``2 X Xᵀ / n`` over every row of the inputs a linear layer sees."""
 
@@ -205,8 +211,7 @@ def calibrated_layers(model: nn.Module, selected: list[str], samples: list[torch
     """Decoder layer by decoder layer, each fed the outputs of the already-quantized layers before it: the
     caller quantizes a step's linears (``step.replace``); the layer is then run on the step's inputs to make the
     next layer's, and the replacements are installed."""
-    layers = decoder_layers(model)
-    prefix = next(name for name, m in model.named_modules() if m is layers)
+    layers, prefix = decoder_layers(model), decoder_layers_name(model)
     inputs = _batched(_capture_first_layer_inputs(model, layers, samples), batch_size)
     for index, layer in enumerate(progress(layers, what)):
         layer_prefix = f"{prefix}.{index}."

@@ -5,7 +5,7 @@ from typing import Any
 
 import pandas as pd
 
-from .table import Section, cells, first_ok, has_perplexity, header, pareto_variants, point_section, sections
+from .table import Section, cells, first_ok, has_metric, header, pareto_variants, point_section, sections
 from .text import how_obtained, machines_note, software_line
 
 
@@ -45,7 +45,7 @@ def _section_tables(frame: pd.DataFrame, parts: list[Section]) -> list[str]:
 
 
 def _pareto_line(frame: pd.DataFrame) -> list[str]:
-    if not has_perplexity(frame):
+    if not has_metric(frame):
         return []
     front = [v for v, on in pareto_variants(frame).items() if on]
     return ["", f"Pareto front of perplexity against weights + KV-cache bytes: {', '.join(front)}. "

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .table import MIB, column, footprint_bytes, has_perplexity, measured, pareto_variants  # noqa: E402
+from .table import MIB, column, footprint_bytes, has_metric, measured, pareto_variants  # noqa: E402
 
 _MPL = tuple(int(p) for p in matplotlib.__version__.split(".")[:2])
 STYLE = {"svg.hashsalt": "quantlab", "svg.fonttype": "path", "font.size": 9, "axes.spines.top": False,
@@ -27,7 +27,7 @@ def to_svg(fig: Any) -> str:
 
 def pareto_plot(frame: pd.DataFrame, baseline: str, metric: str = "perplexity", ylabel: str = "perplexity") -> str | None:
     """Perplexity (or another loss ``metric``) against weight + KV bytes, the Pareto front joined and ringed."""
-    if not has_perplexity(frame, metric):
+    if not has_metric(frame, metric):
         return None
     ok = measured(frame)
     with plt.rc_context(STYLE):

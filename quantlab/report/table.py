@@ -131,8 +131,8 @@ def footprint_bytes(frame: pd.DataFrame) -> pd.Series:
     return column(frame, "weight_bytes").astype(float) + column(frame, "kv_cache_bytes").fillna(0).astype(float)
 
 
-def has_perplexity(frame: pd.DataFrame, metric: str = "perplexity") -> bool:
-    """Whether any measured variant has a perplexity (or another loss ``metric``)."""
+def has_metric(frame: pd.DataFrame, metric: str = "perplexity") -> bool:
+    """Whether any measured variant has a value of ``metric`` (perplexity, mean KL divergence)."""
     ok = measured(frame)
     return metric in ok and not ok[metric].isna().all()
 
