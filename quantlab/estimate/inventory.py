@@ -19,6 +19,7 @@ class TensorEntry:
     name: str
     shape: tuple[int, ...]  # linear weights as [out, in]
     quantizable: bool  # selected by quantize_'s default policy (a decoder linear weight)
+    head: bool = False  # the output head's weight (also the embedding's, when tied)
 
     @property
     def numel(self) -> int:
@@ -36,6 +37,7 @@ class Inventory:
     assumptions: list[str] = field(default_factory=list)
     buffers: list[tuple[str, int, torch.dtype]] = field(default_factory=list)  # non-parameter tensors: name, numel, dtype
     mlp_kind: tuple[str, str, str] | None = None  # (value, source kind, where) for the evidence table
+    head_module: str | None = None  # the output head's module name (what an override's globs match)
 
     def params_by_component(self) -> dict[str, int]:
         out = dict.fromkeys(COMPONENTS, 0)
@@ -73,6 +75,9 @@ def from_implementation(config: Any) -> Inventory:
 
     model = meta_model(config)
     selected = set(select_linears(model)[0])
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_weight = getattr(head, "weight", None)
+    head_module = next((name for name, m in model.named_modules() if head is not None and m is head), None)
     seen: set[int] = set()
     tensors: list[TensorEntry] = []
     projections: dict[str, tuple[int, int]] = {}
@@ -85,7 +90,8 @@ def from_implementation(config: Any) -> Inventory:
             seen.add(id(p))
             is_weight = isinstance(module, linear_types()) and pname == "weight"
             shape = tuple(linear_weight(module).shape) if is_weight else tuple(p.shape)  # linears as [out, in]
-            tensors.append(TensorEntry(component, f"{name}.{pname}", shape, is_weight and name in selected))
+            tensors.append(TensorEntry(component, f"{name}.{pname}", shape, is_weight and name in selected,
+                                       head=p is head_weight))
         for bname, b in module.named_buffers(recurse=False):
             if b is not None and id(b) not in seen:
                 seen.add(id(b))
@@ -95,7 +101,7 @@ def from_implementation(config: Any) -> Inventory:
             out, n_in = linear_weight(module).shape
             projections[inside] = (int(n_in), int(out))
     return Inventory(tensors, f"transformers {type(model).__name__} instantiated on the meta device", projections,
-                     buffers=buffers, mlp_kind=_mlp_kind(model))
+                     buffers=buffers, mlp_kind=_mlp_kind(model), head_module=head_module)
 
 
 GATE_NAMES = ("gate_proj", "gate_up_proj", "w1", "w3", "fc_gate")
@@ -139,15 +145,17 @@ def from_formula(arch: Architecture) -> Inventory | None:
     layer = [("attention", "q_proj", (hq * dh, d)), ("attention", "k_proj", (hkv * dh, d)),
              ("attention", "v_proj", (hkv * dh, d)), ("attention", "o_proj", (d, hq * dh)),
              ("mlp", "gate_proj", (ff, d)), ("mlp", "up_proj", (ff, d)), ("mlp", "down_proj", (d, ff))]
-    tensors = [TensorEntry("embeddings", "embed_tokens.weight", (vocab, d), False)]
+    tied = bool(arch.tie_word_embeddings)
+    tensors = [TensorEntry("embeddings", "embed_tokens.weight", (vocab, d), False, head=tied)]
     for i in range(L):
         tensors += [TensorEntry(c, f"layers.{i}.{n}.weight", s, True) for c, n, s in layer]
         tensors += [TensorEntry("norms", f"layers.{i}.{n}.weight", (d,), False) for n in ("input_norm", "post_attention_norm")]
     tensors.append(TensorEntry("norms", "norm.weight", (d,), False))
-    if not arch.tie_word_embeddings:
-        tensors.append(TensorEntry("head", "lm_head.weight", (vocab, d), False))
+    if not tied:
+        tensors.append(TensorEntry("head", "lm_head.weight", (vocab, d), False, head=True))
     projections = {n: (s[1], s[0]) for _, n, s in layer}
     return Inventory(tensors, "Llama-style decoder formula (transformers does not know this architecture)", projections,
                      mlp_kind=("gated (gate_proj, up_proj, down_proj)", "assumption", "Llama-style decoder formula"),
+                     head_module="lm_head",
                      assumptions=["gated MLP (gate, up, down projections)", "no biases", "two weight-only norms per layer and one final",
                       "no position-embedding table (rotary positions)"])

@@ -122,11 +122,17 @@ class Estimate:
 
 def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -> WeightPayload:
     """Bytes of every tensor under ``fmt``: selected linear weights in the layout of the format each is given
-    (overrides included), the rest in the unquantized dtype."""
+    (overrides included; an override naming the output head quantizes it, and a tied embedding table then stays
+    beside it), the rest in the unquantized dtype."""
+    from ..quant.apply import head_format
+
     keep = fmt.unquantized_dtype(base)
+    head = head_format(fmt, inventory.head_module) if inventory.head_module else None
     total = quantized_params = quantized_bytes = 0
     for t in inventory.tensors:
-        module_format = fmt.format_for(t.name.rsplit(".", 1)[0]) if t.quantizable else None
+        module_format = fmt.format_for(t.name.rsplit(".", 1)[0]) if t.quantizable else head if t.head else None
+        if module_format is not None and t.head and t.component == "embeddings":
+            total += t.numel * keep.itemsize  # tied: the table stays for the lookup, the head gets its own copy
         if module_format is not None:
             b = module_format.linear_weight_bytes(t.shape[0], t.shape[1], base)
             quantized_params += t.numel

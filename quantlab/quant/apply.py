@@ -27,6 +27,20 @@ def default_exclude(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if head is not None and m is head]
 
 
+def head_format(fmt: WeightFormat, head: str) -> WeightFormat | None:
+    """The format an override gives the output head ``head`` (a module name), or None: the head is kept.
+
+    The default selection leaves the head out; an override whose globs match it takes it in (as GPTQModel's
+    ``lm_head`` option and llama.cpp's quantized output matrix do). Only a format without calibration can take it.
+    """
+    if not any(fnmatch(head, p) for o in fmt.overrides for p in o.modules):
+        return None
+    found = fmt.format_for(head)  # the format's include / exclude still apply
+    if found is not None and found.requires_calibration:
+        raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")
+    return found
+
+
 def select_linears(
     model: nn.Module, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
 ) -> tuple[list[str], list[str]]:
@@ -52,8 +66,8 @@ def quantize_(
     """Apply ``fmt`` to ``model`` in place.
 
     ``calibration``: token-id tensors ``[1, seq]`` (or a ``Calibration``) for formats that need them.
-    By default every linear layer is quantized except the output embedding;
-    embeddings and norms stay in the base dtype. ``include`` / ``exclude`` are
+    By default every linear layer is quantized except the output embedding (unless one of the format's
+    overrides names it, e.g. ``lm_head``); embeddings and norms stay in the base dtype. ``include`` / ``exclude`` are
     glob patterns on module names (e.g. ``"*.mlp.*"``) that override this; the format's own ``include``,
     ``exclude`` and ``overrides`` then choose among those (overrides are applied first, so a calibrated
     format sees them already quantized).
@@ -64,6 +78,10 @@ def quantize_(
         calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
     selected, kept = select_linears(model, include, exclude)
+    for head in default_exclude(model) if exclude is None else []:
+        if head in kept and head_format(fmt, head) is not None:
+            kept.remove(head)
+            selected.append(head)
     assigned: dict[str, list[str]] = {}
     formats: dict[str, WeightFormat] = {}
     for name in selected:

@@ -32,7 +32,8 @@ class WeightFormat(BaseModel):
     """Base of every weight format. Subclasses are registered in ``WEIGHT_FORMATS``.
 
     Every format also says which linears it takes: ``include`` / ``exclude`` globs on module names (the output
-    head always stays unquantized), and ``overrides`` that give matching modules another format.
+    head stays unquantized), and ``overrides`` that give matching modules another format (an override naming
+    the output head, e.g. ``lm_head``, quantizes it too).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -42,7 +43,8 @@ class WeightFormat(BaseModel):
                                             "the output head)")
     exclude: tuple[str, ...] = Field((), description="globs of linears kept unquantized")
     overrides: tuple["ModuleOverride", ...] = Field((), description="[{modules: GLOB(S), format: NAME, ...}]: "
-                                                    "these modules in another format (the first match wins)")
+                                                    "these modules in another format (the first match wins; one "
+                                                    "naming the output head, e.g. lm_head, quantizes it)")
 
     @property
     def label(self) -> str:

@@ -127,3 +127,23 @@ def test_estimated_bytes_follow_each_modules_own_format() -> None:
     down_int8 = WEIGHT_FORMATS["int8"].build().linear_weight_bytes(hidden, inter, None)
     o_int4 = int4.linear_weight_bytes(hidden, hidden, None)
     assert mix.bytes - plain.bytes == layers * (down_int8 - down_int4 + 2 * hidden * hidden - o_int4)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_override_naming_the_head_is_estimated_as_quantized_exactly(tied: bool) -> None:
+    import torch
+
+    from quantlab import quantize_
+    from quantlab.estimate.worksheet import weight_payload
+    from quantlab.measure.memory import weight_bytes
+    from tests.conftest import make_llama
+
+    fmt = WEIGHT_FORMATS["int4"].build(group_size=32, overrides=[{"modules": "lm_head", "format": "int8"}])
+    model = make_llama(tie_word_embeddings=tied)
+    inventory = from_implementation(model.config)
+    assert inventory.head_module == "lm_head" and sum(t.head for t in inventory.tensors) == 1
+    estimated = weight_payload(inventory, fmt, torch.float32)
+    quantize_(model, fmt)
+    assert estimated.bytes == weight_bytes(model)
+    plain = weight_payload(inventory, WEIGHT_FORMATS["int4"].build(group_size=32), torch.float32)
+    assert estimated.bytes - plain.bytes == model.lm_head.analytic_weight_bytes() - (0 if tied else 4 * 4096 * 128)

@@ -129,3 +129,31 @@ def test_an_override_must_keep_the_compute_dtype_and_have_no_selection_of_its_ow
         _fmt("int4", group_size=32, overrides=[{"modules": "*.down_proj", "format": "bf16"}])
     with pytest.raises(ValueError, match="no include"):
         _fmt("int4", group_size=32, overrides=[{"modules": "*.down_proj", "format": "int8", "exclude": ["x"]}])
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_override_naming_the_head_quantizes_it_and_reads_fewer_bytes(tied: bool) -> None:
+    from quantlab.measure.memory import decode_weight_bytes_read, weight_bytes
+
+    plain, model = make_llama(tie_word_embeddings=tied), make_llama(tie_word_embeddings=tied)
+    ids = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))
+    table = model.model.embed_tokens.weight.detach().clone()
+    fmt = _fmt("int4", group_size=32, overrides=[{"modules": "lm_head", "format": "int8"}])
+    assert fmt.label == "int4-g32-asym+int8-pc-asym@lm_head"
+    report = quantize_(model, fmt)
+    quantize_(plain, _fmt("int4", group_size=32))
+    assert "lm_head" in report.replaced and report.kept == [] and model.lm_head.bits == 8
+    assert torch.equal(model.model.embed_tokens.weight, table)  # a tied table stays whole for the lookup
+    with torch.no_grad():  # the int8 head's own error, beside the same int4 layers with the head unquantized
+        assert _snr_db(plain(ids).logits, model(ids).logits) > 35
+    head = 4096 * 128
+    # One step reads the int8 head (a byte a weight, and a scale and zero point a row) instead of the fp32 one;
+    # a tied model now also holds the table beside its quantized head.
+    assert decode_weight_bytes_read(plain) - decode_weight_bytes_read(model) == 4 * head - model.lm_head.analytic_weight_bytes()
+    assert weight_bytes(model) - weight_bytes(plain) == (
+        model.lm_head.analytic_weight_bytes() - (0 if tied else 4 * head))
+    # Calibrated formats cannot take the head; the quantize_ exclude argument still keeps it.
+    with pytest.raises(ValueError, match="output head"):
+        quantize_(make_llama(), _fmt("int4", group_size=32, overrides=[{"modules": "lm_head", "format": "gptq",
+                                                                        "bits": 4}]), [ids])
+    assert quantize_(make_llama(), fmt, exclude=["lm_head"]).kept == ["lm_head"]
