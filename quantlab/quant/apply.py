@@ -31,14 +31,11 @@ def head_format(fmt: WeightFormat, head: str) -> WeightFormat | None:
     """The format an override gives the output head ``head`` (a module name), or None: the head is kept.
 
     The default selection leaves the head out; an override whose globs match it takes it in (as GPTQModel's
-    ``lm_head`` option and llama.cpp's quantized output matrix do). Only a format without calibration can take it.
+    ``lm_head`` option and llama.cpp's quantized output matrix do); ``quantize_`` refuses a calibrated one.
     """
     if not any(fnmatch(head, p) for o in fmt.overrides for p in o.modules):
         return None
-    found = fmt.format_for(head)  # the format's include / exclude still apply
-    if found is not None and found.requires_calibration:
-        raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")
-    return found
+    return fmt.format_for(head)  # the format's include / exclude still apply
 
 
 def select_linears(
@@ -79,7 +76,10 @@ def quantize_(
     fmt.prepare_model_(model)
     selected, kept = select_linears(model, include, exclude)
     for head in default_exclude(model) if exclude is None else []:
-        if head in kept and head_format(fmt, head) is not None:
+        found = head_format(fmt, head) if head in kept else None
+        if found is not None and found.requires_calibration:
+            raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")
+        if found is not None:
             kept.remove(head)
             selected.append(head)
     assigned: dict[str, list[str]] = {}
