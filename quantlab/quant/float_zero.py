@@ -10,6 +10,8 @@ falling), as the hqq library's ``Quantizer`` does by default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from ..errors import UnsupportedError
@@ -27,10 +29,20 @@ class FloatZeroTensor(WeightTensor):
     shape: tuple[int, int]
     bits: int
     group_size: int | None
+    g_idx: ClassVar[None] = None  # groups are always contiguous (no act-order)
 
     @classmethod
     def tensor_field_names(cls) -> tuple[str, ...]:
         return ("packed", "scales", "zeros")
+
+    def row_scales(self) -> torch.Tensor:
+        """Scales as ``[out, n_groups]``."""
+        return self.scales
+
+    def row_zero_points(self) -> torch.Tensor:
+        """Zero points in code units as ``[out, n_groups]``, not rounded: the int4 kernels' ``(code - 8) * scale +
+        zero`` form takes them exactly (``zero = (8 - z) * scale``), as tinygemm was made for."""
+        return self.zeros
 
     @staticmethod
     def analytic_nbytes(shape: tuple[int, int], bits: int, group_size: int | None, param_bytes: int) -> int:

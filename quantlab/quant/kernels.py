@@ -16,9 +16,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedError
+from .float_zero import FloatZeroTensor
 from .qtensor import QuantizedTensor, WeightTensor
 
 INT4_GROUPS = (32, 64, 128, 256)
+
+
+def fused_row_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for one row ``x`` ``[1, in]`` written as a float32 multiply and row sum, which inductor
+    compiles into one loop reading each weight element once in its stored dtype (int8 codes, bf16) and
+    accumulating in float32. On 2 CPU cores it reads a bf16 weight about twice as fast as ``aten::mm``'s
+    batch-1 path (``benchmarks/profile_decode.py``); only under ``torch.compile`` (eagerly it would
+    materialize the float32 product)."""
+    return (x.float() * weight.float()).sum(-1).unsqueeze(0)
+
+
+def use_fused_row_matmul(x: torch.Tensor) -> bool:
+    """Whether a matmul of ``x`` ``[rows, in]`` takes ``fused_row_matmul``: one row, CPU, being compiled."""
+    return x.shape[0] == 1 and x.device.type == "cpu" and torch.compiler.is_compiling()
 
 
 class Kernel(nn.Module):
@@ -140,7 +155,10 @@ class Int4Kernel(Kernel):
     """Shared layout of torch's int4 kernels: codes in a kernel-specific packing + per-group (scale, zero).
 
     A short last group (an input width the group size does not divide) is a second, narrow matmul with its own
-    packing and group size, added to the first: no padding, no extra bytes."""
+    packing and group size, added to the first: no padding, no extra bytes. Float zero points (``zero_point:
+    float``, HQQ) fit the kernels' ``(code - 8) * scale + zero`` form exactly, so those tensors run here too."""
+
+    tensor_type = (QuantizedTensor, FloatZeroTensor)  # type: ignore[assignment]
 
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -271,6 +289,8 @@ class Int8Kernel(Kernel):
         return w.to(dtype)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if use_fused_row_matmul(x):  # compiled CPU decode: the codes read once as int8 bytes, in the graph
+            return (fused_row_matmul(x, self.codes) * self.scales.float()).to(x.dtype)
         return torch._weight_int8pack_mm(x, self.codes, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

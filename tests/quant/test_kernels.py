@@ -154,3 +154,40 @@ def test_dequantize_kernel_in_row_blocks_on_cpu_matches_the_whole_weight(bits, g
     y = kernel(x)
     assert y.shape == (2, 3, 96)
     assert rel_error(y, x @ q.dequantize().T) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_compiled_one_row_int8_on_cpu_fuses_the_codes_and_agrees_with_torchs_kernel(symmetric: bool) -> None:
+    from quantlab.measure.latency import fused_row_linears
+
+    q = quantize_tensor(_weight(), 8, None, symmetric)
+    kernel = Int8Kernel(q, torch.bfloat16)
+    x = _x(rows=1, dtype=torch.bfloat16)
+    compiled = torch.compile(kernel, dynamic=False)
+    reference = x.float() @ q.dequantize().T
+    # float32 accumulation of exact code x activation products: the bf16 output's rounding and no more.
+    assert rel_error(compiled(x), reference) < 4e-3
+    assert rel_error(compiled(x), kernel(x)) < 8e-3
+    # A plain bf16 linear under the engine's fused one-row path: the same float32 accumulation, bias included.
+    linear = torch.nn.Linear(512, 96).to(torch.bfloat16)
+    with fused_row_linears(linear) as changed:
+        got = torch.compile(linear, dynamic=False)(x)
+        assert changed == 1
+    want = x.float() @ linear.weight.float().T + linear.bias.float()
+    assert rel_error(got, want) < 4e-3 and "forward" not in vars(linear)
+
+
+@pytest.mark.parametrize("group_size", [32, 128, None])
+def test_float_zero_points_run_on_the_int4_kernel_exactly(group_size) -> None:
+    # Q4_1 and HQQ keep an unrounded zero point per group; the int4 kernels' (code - 8)·scale + zero form holds it.
+    from quantlab.quant.float_zero import quantize_float_zero
+
+    q = quantize_float_zero(_weight(), 4, group_size)
+    kernel = choose_kernel(q, CPU, torch.bfloat16)
+    assert type(kernel) is Int4CPUKernel
+    x = _x(dtype=torch.bfloat16)
+    assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 1e-2
+    assert rel_error(kernel.dequantize(), q.dequantize()) < 4e-3  # the bf16 rounding of scale and zero
+    if group_size is not None:
+        assert kernel.analytic_nbytes() == q.layout_nbytes()
