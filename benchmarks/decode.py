@@ -41,6 +41,7 @@ FORMATS = {
     "int4-pc": ("int4", BF16),
     "int4-g128": ("int4", {"group_size": 128, **BF16}),
     "int4-g32": ("int4", {"group_size": 32, **BF16}),
+    "int4-g32-fz": ("int4", {"group_size": 32, "zero_point": "float", **BF16}),  # Q4_1's form: a float zero point
     "int3-g128": ("int3", {"group_size": 128, **BF16}),
     "int2-g64": ("int2", {"group_size": 64, **BF16}),
     "int4-g128-dequant": ("int4", {"group_size": 128, "kernel": "dequantize+matmul", **BF16}),

@@ -7,21 +7,22 @@ forward (after warm-up, device synchronized) and its ratio to the fp32 and
 bf16 dense matmuls of the same shape (speed-up > 1 is faster). ``--compile``
 times every forward, the dense ones included, through torch.compile with the
 compiled decode engine's options (on CUDA: CUDA graphs and gpt-fast's inductor
-flags), where casts and unpacking can fuse into the matmul.
+flags), where casts and unpacking can fuse into the matmul; on CPU a single row
+then takes the engine's fused one-row matmul (dense bf16 and int8 per channel).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from quantlab import UnsupportedError, quantize_tensor
 from quantlab.measure.device import resolve_device, timed_ms
-from quantlab.measure.latency import compiled_step
+from quantlab.measure.latency import compiled_step, fused_row_linears
 from quantlab.quant.kernels import KERNELS, Kernel, choose_kernel
 
 CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int3-g128", 3, 128), ("int2-g64", 2, 64)]
@@ -49,16 +50,18 @@ def kernels_for(w: torch.Tensor, device: torch.device, shape: str) -> list[tuple
     return built
 
 
-class Dense(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = weight
+def dense(weight: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    return layer
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+
+RUNNING = contextlib.ExitStack()  # the engine's fused one-row linears, kept for the whole run
 
 
 def runner(module: nn.Module, x: torch.Tensor, compile: bool) -> Callable[[], torch.Tensor]:
+    if compile:
+        RUNNING.enter_context(fused_row_linears(module))
     forward = compiled_step(module, x.device) if compile else module
     return lambda: forward(x)
 
@@ -84,8 +87,8 @@ def main() -> None:
         for batch in args.batches:
             x = torch.randn(batch, n_in, device=device)
             x16 = x.bfloat16()
-            fp32 = median_us(runner(Dense(w), x, args.compile), device, args.repeats)
-            bf16 = median_us(runner(Dense(w16), x16, args.compile), device, args.repeats)
+            fp32 = median_us(runner(dense(w), x, args.compile), device, args.repeats)
+            bf16 = median_us(runner(dense(w16), x16, args.compile), device, args.repeats)
             rows = [("dense fp32", fp32), ("dense bf16", bf16)]
             rows += [(f"{name} {kernel.path}", median_us(runner(kernel, x16, args.compile), device, args.repeats))
                      for name, kernel in kernels]

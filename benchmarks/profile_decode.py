@@ -7,22 +7,24 @@ Builds the shape from its published configuration, applies the format, prefills 
 engine up (compilation included), then profiles ``--steps`` decode steps of the engine's own loop
 (``quantlab.measure.latency.Generation``). Prints the median step (ms) and the operators by self time, so the
 shares of the quantized matmuls, the output head, attention, the compiled graph's own kernels and dynamo's guard
-checks can be read off. Two settings the compiled engine does not use yet can be tried: ``--attention eager``
-(the attention as plain matmuls and softmax, which inductor fuses, instead of the fused SDPA kernel) and
-``--skip-module-guards`` (dynamo skips its guards on module attributes; safe only while the model is not changed
-after compilation).
+checks can be read off. The compiled engine's CPU settings can be undone to see what each saves:
+``--attention sdpa`` (the fused SDPA kernel instead of plain matmuls and softmax that inductor fuses into the
+graph), ``--module-guards kept`` (dynamo checks its guards on module attributes at every step) and
+``--half-linears aten`` (bf16 linears, the output head among them, through ``aten::mm`` instead of the fused
+one-row matmul) and ``--inductor realize_opcount_threshold=None`` (any inductor setting over the engine's: here,
+pointwise chains inlined into the one-row matmuls' loops again).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
+import ast
 import statistics
 
 import torch
+from decode import FORMATS, SHAPES, build
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig
 
-from decode import FORMATS, SHAPES, build
 from quantlab.kv import KV_FORMATS
 from quantlab.measure import latency
 
@@ -32,27 +34,33 @@ def main() -> None:
     p.add_argument("--shape", choices=SHAPES, default="smollm2-135m")
     p.add_argument("--format", choices=FORMATS, default="int4-g32")
     p.add_argument("--engine", choices=["eager", "compiled"], default="compiled")
-    p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
-    p.add_argument("--skip-module-guards", action="store_true")
+    p.add_argument("--attention", choices=["sdpa", "eager"], default="eager")
+    p.add_argument("--module-guards", choices=["skipped", "kept"], default="skipped")
+    p.add_argument("--half-linears", choices=["fused_row_matmul", "aten"], default="fused_row_matmul")
+    p.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="inductor settings over the engine's (values as Python literals)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rows", type=int, default=15)
     args = p.parse_args()
     cpu = torch.device("cpu")
+    inductor = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.inductor)}
     model = build(args.format, LlamaConfig(max_position_embeddings=8192, **SHAPES[args.shape]), cpu)
-    model.config._attn_implementation = args.attention
-    compiled = args.engine == "compiled"
-    options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe} if args.skip_module_guards else {}
-    with latency.inductor_options(cpu) if compiled else contextlib.nullcontext():
-        step = torch.compile(model.forward, dynamic=False, options=options or None) if compiled else None
-        gen = latency.Generation(model, KV_FORMATS["native"].build(), cpu, step,
-                                 args.prompt_tokens + 8 + args.steps if compiled else None)
+    engine = latency.DecodeEngine(model, KV_FORMATS["native"].build(), cpu, args.engine,
+                                  args.prompt_tokens + 8 + args.steps,
+                                  {"attention": args.attention, "module_guards": args.module_guards,
+                                   "half_linears": args.half_linears,
+                                   "inductor": {**latency.compile_options(cpu)["inductor"], **inductor}})
+    with engine:
+        gen = engine.generation()
         gen.prefill(torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens)))
         gen.decode(8)  # compilation and warm-up
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             times = gen.decode(args.steps)
-    print(f"{args.shape} {args.format}, engine {args.engine}, attention {args.attention}, module guards "
-          f"{'skipped' if args.skip_module_guards else 'kept'}, {torch.get_num_threads()} threads: median step "
+    settings = (f", attention {engine.options['attention']}, module guards {engine.options['module_guards']}, "
+                f"half-precision linears {engine.options['half_linears']}, inductor {engine.options['inductor']}"
+                if engine.compiled else "")
+    print(f"{args.shape} {args.format}, engine {args.engine}{settings}, {torch.get_num_threads()} threads: median step "
           f"{statistics.median(times):.2f} ms (p10 {sorted(times)[len(times) // 10]:.2f}) over {args.steps} steps")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
