@@ -65,6 +65,7 @@ class KillOnceLlama(LlamaForCausalLM):
 '''
 
 
+@pytest.mark.slow
 def test_a_lost_worker_is_a_failed_record_that_the_next_run_measures_again(
         local_ray, small_model_dir: Path, tmp_path: Path) -> None:
     model = tmp_path / "model"

@@ -328,7 +328,7 @@ def uninterrupted(small_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     return recipe, read_jsonl(folder / "out" / "results.jsonl")
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("signal_name", ["SIGKILL", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     uninterrupted: tuple[Path, list[dict]], tmp_path: Path, signal_name: str
 ) -> None:

