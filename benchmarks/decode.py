@@ -98,7 +98,8 @@ def run_engine(engine: str, args: argparse.Namespace, models: dict[str, torch.nn
         r = result[name]
         r.decode_ms = steps[name]  # every round's steps
         row = {**r.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
-               "prompt_tokens": args.prompt_tokens, "memory_bandwidth_bytes_per_s": bandwidth}
+               "prompt_tokens": args.prompt_tokens, "memory_bandwidth_bytes_per_s": bandwidth,
+               "decode_steps": args.new_tokens}  # one generation's steps: the KV cache's mean length
         row.update(Roofline().derive(row).model_dump())
         base = base or row["tokens_per_s"]
         kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
