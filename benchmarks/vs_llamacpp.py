@@ -55,11 +55,6 @@ VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format i
 }
 
 
-def percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
 # --- the llama.cpp process -------------------------------------------------------------------------------------
 
 def llama_worker(path: str, threads: int) -> None:
@@ -210,11 +205,9 @@ def timing(args: argparse.Namespace, llama: LlamaProcess, engines: dict[str, Any
             gen = engine.generation()
             prefill.setdefault(name, []).append(gen.prefill(prompt))
             steps.setdefault(name, []).extend(gen.decode(args.new_tokens))
-    kv_tokens = args.prompt_tokens + args.new_tokens // 2  # the mean context of a decode step
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_tokens * 2  # f16 / bf16
-    read = {LLAMA: gguf_tensor_bytes(path) + kv_bytes}
-    read.update({name: decode_weight_bytes_read(e.model) + kv_bytes for name, e in engines.items()})
+    weights = {LLAMA: gguf_tensor_bytes(path)}
+    weights.update({name: decode_weight_bytes_read(e.model) for name, e in engines.items()})
+    rows = {name: row(args, config, prefill[name], values, weights[name], bandwidth) for name, values in steps.items()}
     print(f"{time.strftime('%Y-%m-%d')}: llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}, "
           f"{threads} threads, load average {load[0]:.2f} before the rounds, copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
           f"SmolLM2-135M, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, greedy, {args.rounds} "
@@ -222,15 +215,32 @@ def timing(args: argparse.Namespace, llama: LlamaProcess, engines: dict[str, Any
     print(f"llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}")
     for name, engine in engines.items():
         print(f"quantlab {name}: engine options {engine.options}")
-    base = statistics.median(steps[LLAMA])
+    base = rows[LLAMA]["decode_ms_per_token"]
     print("\n| system | ms/step median | p10 | p90 | × llama.cpp | prefill ms | MB read/step | roofline share |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, values in steps.items():
-        median = statistics.median(values)
-        share = read[name] / bandwidth * 1e3 / median
+    for name, r in rows.items():
         label = name if name == LLAMA else f"quantlab {name}"
-        print(f"| {label} | {median:.2f} | {percentile(values, 0.1):.2f} | {percentile(values, 0.9):.2f} | "
-              f"{median / base:.2f} | {statistics.median(prefill[name]):.1f} | {read[name] / 1e6:.1f} | {share:.0%} |")
+        print(f"| {label} | {r['decode_ms_per_token']:.2f} | {r['decode_ms_p10']:.2f} | {r['decode_ms_p90']:.2f} | "
+              f"{r['decode_ms_per_token'] / base:.2f} | {r['prefill_ms']:.1f} | {r['decode_bytes_read_per_step'] / 1e6:.1f} "
+              f"| {r['roofline_share']:.0%} |")
+
+
+def row(args: argparse.Namespace, config: Any, prefills: list[float], steps_ms: list[float], weight_bytes: int,
+        bandwidth: float) -> dict[str, Any]:
+    """One system's figures as a results row: the decode record (median, p10, p90 over every round's steps) and
+    the roofline share derived from it as the runner derives it (weights + the KV cache at the mean length)."""
+    import torch
+
+    from quantlab.kv import KV_FORMATS
+    from quantlab.measure.latency import DecodeResult
+    from quantlab.measurements.roofline import Roofline
+
+    tokens = args.prompt_tokens + args.new_tokens
+    r = {**DecodeResult(statistics.median(prefills), steps_ms).record(1),
+         "decode_steps": args.new_tokens, "prompt_tokens": args.prompt_tokens, "decode_weight_bytes_read": weight_bytes,
+         "kv_cache_bytes": KV_FORMATS["native"].build().cache_bytes_analytic(config, 1, tokens, torch.bfloat16),
+         "kv_cache_tokens": tokens, "memory_bandwidth_bytes_per_s": bandwidth}  # llama.cpp's f16 cache: as many bytes
+    return {**r, **Roofline().derive(r).model_dump()}
 
 
 def quality(args: argparse.Namespace, llama: LlamaProcess, models: dict[str, Any], tokenizer: Any, device: Any) -> None:

@@ -70,14 +70,13 @@ def from_implementation(config: Any) -> Inventory:
     """Instantiate the transformers model on the meta device (no memory, no weights) and list its tensors;
     tied tensors are listed once."""
     from ..models import meta_model
-    from ..quant.apply import select_linears
+    from ..quant.apply import default_exclude, select_linears
     from ..quant.linear import linear_types, linear_weight
 
     model = meta_model(config)
     selected = set(select_linears(model)[0])
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_weight = getattr(head, "weight", None)
-    head_module = next((name for name, m in model.named_modules() if head is not None and m is head), None)
+    head_module = next(iter(default_exclude(model)), None)
+    head_weight = getattr(model.get_submodule(head_module), "weight", None) if head_module else None
     seen: set[int] = set()
     tensors: list[TensorEntry] = []
     projections: dict[str, tuple[int, int]] = {}

@@ -109,17 +109,18 @@ def compiled_step(model: nn.Module, device: torch.device, options: dict[str, Any
         return guarded
     whole = torch.compile(step, dynamic=options["dynamic"], fullgraph=True,
                           options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
-    chosen: list[Callable[..., Any]] = [whole]
+    current = whole
 
     def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal current
         try:
-            return chosen[0](*args, **kwargs)
-        except torch._dynamo.exc.Unsupported:  # a graph break (only the first call compiles: nothing ran)
-            if chosen[0] is guarded:
+            return current(*args, **kwargs)
+        except torch._dynamo.exc.Unsupported:  # a graph break (raised while compiling: nothing ran)
+            if current is guarded:
                 raise
-            chosen[0] = guarded
+            current = guarded
             options["module_guards"] = "kept (graph breaks)"
-            return guarded(*args, **kwargs)
+            return current(*args, **kwargs)
 
     return run
 
@@ -162,12 +163,12 @@ def _row_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def fused_row_linears(model: nn.Module, enabled: bool = True) -> Any:
+def fused_row_linears(model: nn.Module) -> Any:
     """For the ``with`` block, the model's half-precision ``nn.Linear`` layers multiply a single row (a batch-1
     decode step) by ``fused_row_matmul`` when compiled, which inductor turns into one loop over the weight;
     otherwise, and after the block, ``F.linear`` as before. Yields the number of layers changed. Layers with an
     accelerate hook (offloaded) keep their forward."""
-    changed = [m for m in model.modules() if enabled and type(m) is nn.Linear and not hasattr(m, "_hf_hook")
+    changed = [m for m in model.modules() if type(m) is nn.Linear and not hasattr(m, "_hf_hook")
                and m.weight.dtype in (torch.bfloat16, torch.float16) and "forward" not in vars(m)]
     for m in changed:
         m.forward = types.MethodType(_row_linear, m)
@@ -242,10 +243,9 @@ class DecodeEngine:
             if "attention" in self.options:
                 self.options["attention"] = self._context.enter_context(
                     attention_implementation(self.model, self.options["attention"]))
-            if "half_linears" in self.options:
-                fused = self.options["half_linears"] == "fused_row_matmul"
-                if not self._context.enter_context(fused_row_linears(self.model, fused)) and fused:
-                    self.options["half_linears"] = "none in the model"
+            if (self.options.get("half_linears") == "fused_row_matmul"
+                    and not self._context.enter_context(fused_row_linears(self.model))):
+                self.options["half_linears"] = "none in the model"
             self.step = compiled_step(self.model, self.device, self.options)
         return self
 

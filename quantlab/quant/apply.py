@@ -74,8 +74,9 @@ def quantize_(
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
-    selected, kept = select_linears(model, include, exclude)
-    for head in default_exclude(model) if exclude is None else []:
+    heads = default_exclude(model) if exclude is None else []
+    selected, kept = select_linears(model, include, heads if exclude is None else exclude)
+    for head in heads:
         found = head_format(fmt, head) if head in kept else None
         if found is not None and found.requires_calibration:
             raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")

@@ -40,7 +40,7 @@ class Kernel(nn.Module):
     """A weight stored for one matmul path; ``forward(x)`` returns ``x @ Wᵀ`` (no bias)."""
 
     path: ClassVar[str]
-    tensor_type: ClassVar[type[WeightTensor]] = QuantizedTensor  # the stored forms this path takes
+    tensor_type: ClassVar[type[WeightTensor] | tuple[type[WeightTensor], ...]] = QuantizedTensor  # stored forms it takes
 
     @classmethod
     def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
@@ -158,7 +158,7 @@ class Int4Kernel(Kernel):
     packing and group size, added to the first: no padding, no extra bytes. Float zero points (``zero_point:
     float``, HQQ) fit the kernels' ``(code - 8) * scale + zero`` form exactly, so those tensors run here too."""
 
-    tensor_type = (QuantizedTensor, FloatZeroTensor)  # type: ignore[assignment]
+    tensor_type = (QuantizedTensor, FloatZeroTensor)
 
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
