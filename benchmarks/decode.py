@@ -17,12 +17,13 @@ import argparse
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from quantlab import WEIGHT_FORMATS, quantize_
+from quantlab import quantize_
+from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
+from quantlab.engine.decode import measure_decode
+from quantlab.engine.device import resolve_device
+from quantlab.engine.memory import decode_weight_bytes_read
+from quantlab.extend import WEIGHT_FORMATS
 from quantlab.kv import KV_FORMATS
-from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s
-from quantlab.measure.device import resolve_device
-from quantlab.measure.latency import measure_decode
-from quantlab.measure.memory import decode_weight_bytes_read
 from quantlab.measurements.roofline import Roofline
 
 SHAPES = {  # published architecture numbers

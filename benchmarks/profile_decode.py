@@ -5,7 +5,7 @@
 
 Builds the shape from its published configuration, applies the format, prefills a 128-token prompt, warms the
 engine up (compilation included), then profiles ``--steps`` decode steps of the engine's own loop
-(``quantlab.measure.latency.Generation``). Prints the median step (ms) and the operators by self time, so the
+(``quantlab.engine.decode.Generation``). Prints the median step (ms) and the operators by self time, so the
 shares of the quantized matmuls, the output head, attention, the compiled graph's own kernels and dynamo's guard
 checks can be read off. The compiled engine's CPU settings can be undone to see what each saves:
 ``--attention sdpa`` (the fused SDPA kernel instead of plain matmuls and softmax that inductor fuses into the
@@ -25,8 +25,8 @@ from decode import FORMATS, SHAPES, build
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig
 
+from quantlab.engine import decode as latency
 from quantlab.kv import KV_FORMATS
-from quantlab.measure import latency
 
 
 def main() -> None:

@@ -174,8 +174,8 @@ def main() -> int:
 
 
 def _engine(model: Any, args: argparse.Namespace, device: Any) -> Any:
+    from quantlab.engine.decode import DecodeEngine
     from quantlab.kv import KV_FORMATS
-    from quantlab.measure.latency import DecodeEngine
 
     return DecodeEngine(model, KV_FORMATS["native"].build(), device, args.engine, args.prompt_tokens + args.new_tokens)
 
@@ -185,8 +185,8 @@ def timing(args: argparse.Namespace, llama: LlamaProcess, engines: dict[str, Any
     import llama_cpp
     import torch
 
-    from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s
-    from quantlab.measure.memory import decode_weight_bytes_read
+    from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
+    from quantlab.engine.memory import decode_weight_bytes_read
 
     cpu = torch.device("cpu")
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
@@ -231,8 +231,8 @@ def row(args: argparse.Namespace, config: Any, prefills: list[float], steps_ms: 
     the roofline share derived from it as the runner derives it (weights + the KV cache at the mean length)."""
     import torch
 
+    from quantlab.engine.decode import DecodeResult
     from quantlab.kv import KV_FORMATS
-    from quantlab.measure.latency import DecodeResult
     from quantlab.measurements.roofline import Roofline
 
     tokens = args.prompt_tokens + args.new_tokens
@@ -245,7 +245,8 @@ def row(args: argparse.Namespace, config: Any, prefills: list[float], steps_ms: 
 
 def quality(args: argparse.Namespace, llama: LlamaProcess, models: dict[str, Any], tokenizer: Any, device: Any) -> None:
     from quantlab.data import load_text
-    from quantlab.measure.perplexity import perplexity, tokenize
+    from quantlab.eval.perplexity import perplexity
+    from quantlab.eval.tokens import tokenize
 
     text = load_text("bundled-heldout")
     ids = tokenize(tokenizer, text)[: args.perplexity_tokens]

@@ -1,6 +1,16 @@
 """quantlab: what do you lose and gain by storing a model's weights and KV cache in format X?
 
-The public names load on first use, so ``import quantlab`` (and ``quantlab --help``) does not import torch.
+The library, in the style of torchao's ``quantize_(model, Int4WeightOnlyConfig(group_size=128))``::
+
+    from quantlab import quantize_, RTN, GPTQ, calibration_from_text
+    quantize_(model, RTN(bits=4, group_size=128))
+    quantize_(model, GPTQ(bits=4, group_size=128), calibration_from_text(tokenizer, "stdlib-train"))
+
+Weight formats (``RTN``, ``GPTQ``, ``AWQ``, ``HQQ``, ``NF4``, ``FP4``, ``FP8``, ``Mixed``, ...) and KV-cache formats
+(``NativeKV``, ``KVCast``, ``KVInt``, ``HFQuantizedKV``) are frozen configs; recipes and runs are ``load_recipe`` and
+``run_recipe``; the registries and base classes for new formats, kernels, measurements, protocols and executors
+are in ``quantlab.extend``. The names load on first use, so ``import quantlab`` (and ``quantlab --help``) does not
+import torch.
 """
 from __future__ import annotations
 
@@ -12,13 +22,33 @@ from .errors import QuantlabError, RecipeError, UnsupportedError
 __version__ = "0.1.0"
 
 _LAZY = {
-    "KV_FORMATS": ".kv", "KVFormat": ".kv",
-    "WEIGHT_FORMATS": ".quant", "WeightFormat": ".quant", "QuantizedLinear": ".quant", "QuantizedTensor": ".quant",
-    "gptq_quantize": ".quant", "load_gptq": ".quant", "quantize_": ".quant", "quantize_tensor": ".quant",
-    "save_gptq": ".quant",
-    "MEASUREMENTS": ".measurements", "PERPLEXITY_PROTOCOLS": ".measure",
-    "Recipe": ".recipe", "load_recipe": ".recipe", "validate_recipe": ".recipe",
-    "run_recipe": ".runner", "RunFolder": ".records",
+    # the library
+    "quantize_": "quantlab.quant.apply:quantize_", "QuantizeReport": "quantlab.quant.apply:QuantizeReport",
+    "Calibration": "quantlab.quant.format:Calibration",
+    "calibration_from_text": "quantlab.quant.calibrate.samples:calibration_from_text",
+    "quantize_tensor": "quantlab.quant.tensors.affine:quantize_tensor",
+    "QuantizedTensor": "quantlab.quant.tensors.affine:QuantizedTensor",
+    "QuantizedLinear": "quantlab.quant.linear:QuantizedLinear",
+    "gptq_quantize": "quantlab.quant.calibrate.gptq_solve:gptq_quantize",
+    "save_gptq": "quantlab.quant.io.gptq:save_gptq", "load_gptq": "quantlab.quant.io.gptq:load_gptq",
+    # weight formats
+    "Cast": "quantlab.quant.formats.cast:CastFormat",
+    "RTN": "quantlab.quant.formats.rtn:RTNFormat",
+    "HQQ": "quantlab.quant.formats.hqq:HQQFormat",
+    "GPTQ": "quantlab.quant.formats.gptq:GPTQFormat",
+    "GPTQModel": "quantlab.quant.formats.gptqmodel:GPTQModelFormat",
+    "AWQ": "quantlab.quant.formats.awq:AWQFormat",
+    "Codebook": "quantlab.quant.formats.codebook:CodebookFormat",
+    "NF4": "quantlab.quant.formats.codebook:NF4", "FP4": "quantlab.quant.formats.codebook:FP4",
+    "FP8": "quantlab.quant.formats.fp8:FP8Format",
+    "Mixed": "quantlab.quant.mixed.format:MixedFormat",
+    "Checkpoint": "quantlab.quant.formats.checkpoint:CheckpointFormat",
+    # KV-cache formats
+    "NativeKV": "quantlab.kv.native:NativeKV", "KVCast": "quantlab.kv.quantized:KVCast",
+    "KVInt": "quantlab.kv.quantized:KVInt", "HFQuantizedKV": "quantlab.kv.hf_quantized:HFQuantizedKV",
+    # recipes and runs
+    "Recipe": "quantlab.run.recipe:Recipe", "load_recipe": "quantlab.run.recipe:load_recipe",
+    "validate_recipe": "quantlab.run.recipe:validate_recipe", "run_recipe": "quantlab.run.runner:run_recipe",
 }
 
 __all__ = ["QuantlabError", "RecipeError", "UnsupportedError", *_LAZY]
@@ -27,10 +57,11 @@ __all__ = ["QuantlabError", "RecipeError", "UnsupportedError", *_LAZY]
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'quantlab' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted(set(globals()) | set(__all__))

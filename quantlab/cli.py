@@ -6,15 +6,16 @@ import os
 import sys
 from pathlib import Path
 
+from .entrypoints import quiet_import_noise
 from .errors import QuantlabError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .recipe import load_recipe
+    from .run.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails here, before the runner and reports are imported
     from .report import load_rows
-    from .runner import run_recipe
+    from .run.runner import run_recipe
 
     executor = None
     if args.executor or args.address:
@@ -61,7 +62,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _sensitivity(args: argparse.Namespace) -> int:
     from .quant import WEIGHT_FORMATS
-    from .recipe import load_recipe, resolve_format
+    from .run.recipe import load_recipe, resolve_format
 
     recipe = load_recipe(args.recipe)
     if args.format:
@@ -72,7 +73,7 @@ def _sensitivity(args: argparse.Namespace) -> int:
             raise QuantlabError(f"{args.recipe}: no weight format besides the baseline; name one with --format")
     if args.max_tokens < 2:
         raise QuantlabError("--max-tokens must be at least 2")
-    from .sensitivity import run_sensitivity
+    from .run.sensitivity import run_sensitivity
 
     name = "+".join(f.label for f in formats)
     out = args.out or Path("reports") / f"{recipe.name}-sensitivity-{name}-{args.granularity}"
@@ -83,15 +84,28 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
 
 def _formats(args: argparse.Namespace) -> int:
+    from .eval.perplexity import PERPLEXITY_PROTOCOLS
     from .kv import KV_FORMATS
     from .quant import WEIGHT_FORMATS
+    from .quant.kernels import KERNELS
+    from .run.executors import EXECUTORS
 
-    for registry in (WEIGHT_FORMATS, KV_FORMATS):
+    for registry in (WEIGHT_FORMATS, KV_FORMATS, PERPLEXITY_PROTOCOLS, EXECUTORS):
         print(f"{registry.kind}s:")
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())
             print(f"  {entry.name:<10} {entry.summary}" + (f" [{fixed}]" if fixed else ""))
+    print("matmul kernels (kernel: auto tries them in this order):")
+    for path, cls in KERNELS.items():
+        first = (cls.__doc__ or "").strip().split(". ")[0].splitlines()[0].rstrip(".")
+        print(f"  {path:<18} {first}" + ("" if cls.in_auto(_cpu()) else " (on CPU only when named)"))
     return 0
+
+
+def _cpu():  # type: ignore[no-untyped-def]
+    import torch
+
+    return torch.device("cpu")
 
 
 DEFAULT_WEIGHT_FORMATS = ["fp32", "bf16", "int8", "int4:group_size=128", "int3:group_size=128"]
@@ -118,7 +132,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate, render_estimate
     from .kv import KV_FORMATS
     from .quant import WEIGHT_FORMATS
-    from .recipe import resolve_format
+    from .run.recipe import resolve_format
 
     weights = [resolve_format(WEIGHT_FORMATS, parse_format_spec(s), "--weight-format", s) for s in args.weight_format]
     kv = [resolve_format(KV_FORMATS, parse_format_spec(s), "--kv-format", s) for s in args.kv_format]
@@ -157,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "same folder share the work.", epilog=EXIT_CODES)
     run.add_argument("recipe", help="recipe YAML file")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe name>)")
-    run.add_argument("--executor", choices=["local", "ray"], default=None,
-                     help="where variants run: here (local) or as Ray tasks (default: the recipe's executor, local)")
+    run.add_argument("--executor", default=None, metavar="KIND",
+                     help="where variants run: local (here) or ray (as Ray tasks); default: the recipe's executor, local")
     run.add_argument("--address", default=None, help="with --executor ray: the Ray cluster to join (auto, ray://..., "
                      "host:port); without it a local Ray instance is started")
     run.add_argument("--shard", metavar="I/N", default=None,
@@ -214,26 +228,15 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--out", type=Path, default=None,
                       help="output folder (default: reports/<recipe>-sensitivity-<formats>-<granularity>)")
     sens.set_defaults(func=_sensitivity)
-    formats = sub.add_parser("formats", help="list the registered weight and KV-cache formats",
-                             description="List every registered weight and KV-cache format with one line each.")
+    formats = sub.add_parser("formats", help="list the registered formats, protocols, executors and kernels",
+                             description="List every registered weight and KV-cache format, perplexity protocol, "
+                             "executor and matmul kernel with one line each.")
     formats.set_defaults(func=_formats)
     return parser
 
 
 # Notices other packages log while being imported, that are not quantlab's output: torchao's optional CUDA
 # extensions it cannot load on this machine, torch's pytree deprecation notes that torchao's import triggers.
-IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
-def quiet_import_noise() -> None:
-    """Silence ``IMPORT_NOISE_LOGGERS`` below errors. Called by quantlab's own entry points (this command, a
-    variant's worker process, a Ray task), never by the library."""
-    import logging
-
-    for name in IMPORT_NOISE_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 EXIT_CODES = "exit status: 0 every variant measured; 1 some variant failed (results and report written); " \
     "2 bad input (nothing measured); 130 interrupted (run the same command again to resume)"
 

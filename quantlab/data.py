@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from pydantic import BaseModel, ConfigDict
+
 from .errors import QuantlabError
 from .paths import BUNDLED_DIR
 
@@ -24,6 +26,21 @@ class Text:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
+
+
+class DatasetText(BaseModel):
+    """A Hugging Face dataset split whose ``field`` values are joined with blank lines (as the GPTQ paper
+    joins WikiText-2). ``dataset`` is a hub name (needs the hub) or a local dataset folder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    dataset: str
+    name: str | None = None
+    split: str = "test"
+    field: str = "text"
+    revision: str | None = None
+
+
+TextSource = str | DatasetText  # a built-in text's name, a .txt / .jsonl file, or a dataset split
 
 
 def _bundled_heldout() -> str:

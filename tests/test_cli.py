@@ -2,7 +2,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -11,13 +10,15 @@ import yaml
 from quantlab.cli import main
 
 
-def test_formats_lists_every_registered_format(capsys: pytest.CaptureFixture[str]) -> None:
-    from quantlab import KV_FORMATS, WEIGHT_FORMATS
+def test_formats_lists_every_registered_format_protocol_executor_and_kernel(capsys: pytest.CaptureFixture[str]) -> None:
+    from quantlab.extend import EXECUTORS, KERNELS, KV_FORMATS, PERPLEXITY_PROTOCOLS, WEIGHT_FORMATS
 
     assert main(["formats"]) == 0
     out = capsys.readouterr().out
-    for name in WEIGHT_FORMATS.names() + KV_FORMATS.names():
+    for name in WEIGHT_FORMATS.names() + KV_FORMATS.names() + PERPLEXITY_PROTOCOLS.names() + EXECUTORS.names():
         assert f"  {name} " in out
+    listed = [line.split()[0] for line in out.split("matmul kernels")[1].splitlines()[1:]]
+    assert listed == KERNELS.names() and listed[-1] == "dequantize+matmul"
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["report", "--help"], ["formats", "--help"],
@@ -124,10 +125,9 @@ def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path: Path) -> N
 ])
 def test_lengths_beyond_the_position_limit_are_refused_with_the_limit_and_its_source(tmp_path: Path, fields: dict, where: str) -> None:
     path = _recipe(tmp_path, **fields)
-    start = time.monotonic()
     proc = _cli("run", str(path), "--out", str(tmp_path / "out"))
     _one_line_error(proc, f"{path}: {where}", "position limit 1024", "max_position_embeddings")
-    assert time.monotonic() - start < 120 and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()  # refused before anything was measured or written
     assert proc.stderr.strip().count("\n") == 0  # the one line only: no other package's import-time notices
 
 

@@ -4,8 +4,7 @@ from pathlib import Path
 import pytest
 
 from quantlab import QuantlabError, load_recipe
-from quantlab.data import load_text
-from quantlab.recipe import DatasetText
+from quantlab.data import DatasetText, load_text
 
 
 def test_builtin_and_file_texts_carry_a_content_hash(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 import torch
 
 from quantlab.models import bundled_models, load_model
-from quantlab.recipe import ModelSpec
+from quantlab.run.recipe import ModelSpec
 
 
 def test_local_folder_loads_with_its_tokenizer(small_model_dir: Path) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from ..dtypes import DTYPES
 from ..errors import QuantlabError
 from ..kv.format import KVFormat
-from ..dtypes import DTYPES
 from ..quant.format import WeightFormat
 from .evidence import ASSUMPTION, Architecture, Evidence, config_object, read_architecture, read_raw_config
 from .inventory import Inventory, from_formula, from_implementation

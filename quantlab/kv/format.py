@@ -1,7 +1,7 @@
 """The KV-cache format interface: a validated config that builds a transformers ``Cache``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -16,6 +16,7 @@ class KVFormat(BaseModel):
     """Base of every KV-cache format. Subclasses are registered in ``KV_FORMATS``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    example_fields: ClassVar[dict[str, Any] | None] = {}  # a small instance's fields, for the contract test
 
     @property
     def label(self) -> str:

@@ -1,7 +1,7 @@
 """Every place quantlab's KV caches touch transformers' cache internals, in one module.
 
 The packed formats subclass transformers' cache layers (``DynamicLayer``, ``DynamicSlidingWindowLayer``) and
-call what those layers do not publish as API: ``lazy_initialization`` (one argument before transformers 5.0,
+call what those layers do not publish as API (and the forward argument a cache is passed in, ``cache_kwarg``): ``lazy_initialization`` (one argument before transformers 5.0,
 keys and values since), the sliding layer's ``cumulative_length`` counter, and ``QuantizedCache``'s
 ``_quantized_keys`` / ``_quantized_values``. The supported range is in pyproject.toml; CI runs the KV and runner
 tests on its oldest transformers as well.
@@ -45,3 +45,8 @@ def window_position(layer: Any) -> int:
 def quantized_layer_tensors(layer: Any) -> list[Any]:
     """The tensors a transformers ``QuantizedCache`` layer holds (quantized history, full-precision residual)."""
     return [getattr(layer, name, None) for name in QUANTIZED_LAYER_TENSORS]
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward argument that takes a Cache: ``cache`` in recent transformers, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from ..quant.qtensor import QuantizedTensor, quantize_tensor
+from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]

@@ -1,7 +1,7 @@
 """KV-cache formats that store keys and values in fewer bytes: float casts and packed integers."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -11,8 +11,8 @@ if TYPE_CHECKING:  # the cache layers subclass transformers' and load on first u
 
     from .packed import Codec
 
-from ..errors import UnsupportedError
 from ..dtypes import DTYPES, SHORT_DTYPE
+from ..errors import UnsupportedError
 from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
 
 CAST_DTYPES = {**DTYPES, "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
@@ -61,6 +61,7 @@ class PackedKVFormat(KVFormat):
 
 @KV_FORMATS.register("cast", "keys and values cast to a float dtype (field: dtype; fp8 with a scale per position)")
 class KVCast(PackedKVFormat):
+    example_fields: ClassVar[dict[str, Any] | None] = {"dtype": "float8_e4m3fn"}
     dtype: Literal["float32", "bfloat16", "float16", "float8_e4m3fn"]
 
     @model_validator(mode="after")
@@ -82,6 +83,7 @@ class KVCast(PackedKVFormat):
 
 @KV_FORMATS.register("int", "keys and values as packed integers; fields: bits, key_axis, group_size, residual_tokens")
 class KVInt(PackedKVFormat):
+    example_fields: ClassVar[dict[str, Any] | None] = {"bits": 4, "group_size": 32, "residual_tokens": 8}
     bits: int = Field(ge=2, le=8)
     key_axis: Literal["token", "channel"] = Field("token", description="channel: per-channel keys (KIVI)")
     group_size: int = Field(64, gt=0, description="token axis: channels per scale; channel axis: positions per scale")

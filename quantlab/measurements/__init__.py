@@ -1,5 +1,17 @@
-"""Registered measurements. Importing this package registers the built-in ones, in report order."""
-from . import weights, module_formats, kv_cache, peak_memory, latency, roofline, timing_noise, perplexity, divergence, lm_eval_tasks  # noqa: F401,I001  (registration, in order)
+"""Registered measurements: each a typed result, its report columns and its provenance. Importing this package
+registers the built-in ones; their place in the reports is each class's declared ``order``."""
+from . import (  # noqa: F401  (registration)  # noqa: F401  (registration)
+           divergence,
+           kv_cache,
+           latency,
+           lm_eval_tasks,
+           module_formats,
+           peak_memory,
+           perplexity,
+           roofline,
+           timing_noise,
+           weights,
+)
 from .base import MEASUREMENTS, Column, Measurement, Result, all_measurements, enabled_measurements, register
 from .context import VariantContext
 

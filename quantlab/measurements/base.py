@@ -3,8 +3,8 @@
 A measurement runs on a loaded, quantized variant (``measure``) or is derived from the figures recorded with
 its own row (``derive``: never from the run's current state, so a reused row and its report agree). Its
 result is a pydantic model whose field names carry units; ``columns`` say how Markdown, HTML, CSV and
-``quantlab compare`` show those fields. Register with ``@MEASUREMENTS.register(name, summary)``; a column
-naming a field its result does not have is an error at import time.
+``quantlab compare`` show those fields. Register with ``@register(name, summary)`` and declare ``order`` (its place in the reports); a column
+naming a field its result does not have, or a missing order, is an error at import time.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Measurement:
     """Base of registered measurements."""
 
     result: ClassVar[type[Result]]
+    order: ClassVar[int]  # place in the reports' columns and sections, and in the order measurements run (lowest first)
     scope: ClassVar[Scope] = "variant"
     derived: ClassVar[bool] = False  # computed from the row's own recorded inputs when views are built
     columns: ClassVar[tuple[Column, ...]] = ()
@@ -97,7 +98,9 @@ MEASUREMENTS: Registry[Measurement] = Registry("measurement")
 
 
 def check_columns(name: str, cls: type[Measurement]) -> None:
-    """Every column and spread names a field of the measurement's result model."""
+    """Every column and spread names a field of the measurement's result model, and the class declares its order."""
+    if not isinstance(getattr(cls, "order", None), int):
+        raise TypeError(f"measurement {name}: declare its place in the reports as a class attribute 'order = N'")
     fields = set(cls.result.model_fields)
     for col in cls.columns:
         for f in (col.field, *(col.spread or ())):
@@ -118,14 +121,11 @@ def register(name: str, summary: str):
 
 
 def enabled_measurements(recipe: Any) -> list[tuple[str, Measurement]]:
-    """(name, instance) of every measurement the recipe enables, in registration order."""
-    out = []
-    for entry in MEASUREMENTS.entries():
-        m = entry.build()
-        if m.enabled(recipe):
-            out.append((entry.name, m))
-    return out
+    """(name, instance) of every measurement the recipe enables, in their declared order."""
+    return [(name, m) for name, m in all_measurements() if m.enabled(recipe)]
 
 
 def all_measurements() -> list[tuple[str, Measurement]]:
-    return [(e.name, e.build()) for e in MEASUREMENTS.entries()]
+    """(name, instance) of every registered measurement, in their declared ``order`` (ties by name)."""
+    entries = sorted(MEASUREMENTS.entries(), key=lambda e: (e.cls.order, e.name))
+    return [(e.name, e.build()) for e in entries]

@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
-from ..data import calibration_samples, load_text
+from ..data import load_text
+from ..engine.decode import DecodeResult, measure_decode
+from ..engine.memory import rss_bytes
 from ..errors import QuantlabError
-from ..measure.latency import DecodeResult, measure_decode
-from ..measure.memory import rss_bytes
-from ..measure.perplexity import tokenize
 from ..models import LoadedModel, load_config, load_model, model_dtype_name, model_location
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
+from ..quant.calibrate.samples import calibration_from_text
 from ..quant.format import Calibration
 
 
@@ -28,8 +28,7 @@ def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
         g = torch.Generator().manual_seed(c.seed)
         return Calibration([torch.randint(0, loaded.model.config.vocab_size, (1, c.seq_len), generator=g)
                             for _ in range(c.samples)])
-    ids = tokenize(loaded.tokenizer, load_text(c.text))
-    return Calibration(calibration_samples(ids, c.samples, c.seq_len, c.seed), loaded.tokenizer)
+    return calibration_from_text(loaded.tokenizer, load_text(c.text), c.samples, c.seq_len, c.seed)
 
 
 def config_estimate(model_spec: Any) -> Any | None:

@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 
-from ..measure.divergence import Reference, compare, reference
-from ..measure.perplexity import token_ids_sha256
-from ..results import atomic_write
+from ..eval.divergence import Reference, compare, reference
+from ..eval.tokens import scored_text, token_ids_sha256
+from ..files import atomic_write
 from .base import Column, Measurement, Result, register
 from .context import load_baseline
-from .perplexity import scored_text
 
 _IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
 
@@ -65,6 +64,7 @@ def _store(path: Path | None, key: str, ref: Reference) -> None:
 
 @register("divergence", "KL divergence, top-1 agreement and Δ perplexity against the baseline variant")
 class Divergence(Measurement):
+    order = 90
     result = DivergenceResult
     title = "divergence from the baseline"
     section = "Divergence from the baseline"

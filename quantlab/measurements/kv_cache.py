@@ -13,6 +13,7 @@ class KVCacheBytes(Result):
 
 @register("kv_cache", "bytes the KV cache holds after the timed generation, beside its formula and the config's")
 class KVCache(Measurement):
+    order = 30
     result = KVCacheBytes
     scope = "point"
     title = "KV cache"

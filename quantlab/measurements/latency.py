@@ -20,6 +20,7 @@ class DecodeLatency(Result):
 
 @register("latency", "prefill and per-token decode time after warm-up, device synchronized")
 class Latency(Measurement):
+    order = 50
     result = DecodeLatency
     scope = "point"
     title = "latency"

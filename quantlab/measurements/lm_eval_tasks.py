@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.lm_eval_protocol import lm_eval_tasks
+from ..eval.lm_eval import lm_eval_tasks
 from .base import Column, Measurement, Result, register
 
 
@@ -22,6 +22,7 @@ class LMEvalTasksResult(Result):
 
 @register("lm_eval_tasks", "metrics of lm-evaluation-harness tasks (accuracy, ...) on the quantized model")
 class LMEvalTasks(Measurement):
+    order = 100
     result = LMEvalTasksResult
     title = "lm-eval tasks"
     section = "lm-eval tasks"

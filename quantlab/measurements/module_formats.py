@@ -46,13 +46,14 @@ def summarize(module_formats: dict[str, str]) -> str:
 
 @register("module_formats", "the format of every linear, for variants whose linears are not all in one format")
 class ModuleFormatsMeasurement(Measurement):
+    order = 20
     result = ModuleFormats
     title = "per-module formats"
     section = "Per-module formats"
     columns = (Column("module_format_summary", "linears per format (module type: decoder layers)", ""),)
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
-        from ..measure.memory import weight_bytes_by_component
+        from ..engine.memory import weight_bytes_by_component
 
         details = ctx.quantize_report.details if ctx.quantize_report else {}
         formats = {name: d["format"] for name, d in details.items() if "format" in d}

@@ -16,6 +16,7 @@ class PeakMemoryBytes(Result):
 
 @register("peak_memory", "the larger of the prefill and decode peaks of the timed generation")
 class PeakMemory(Measurement):
+    order = 40
     result = PeakMemoryBytes
     scope = "point"
     title = "peak"

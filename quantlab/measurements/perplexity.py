@@ -3,32 +3,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data import Text, load_text
-from ..measure.perplexity import protocol_summary, tokenize
+from pydantic import create_model
+
+from ..eval.perplexity import PERPLEXITY_PROTOCOLS, protocol_summary
+from ..eval.tokens import scored_text
 from .base import Column, Measurement, Result, register
 
 
-def scored_text(source: Any, tokenizer: Any, max_tokens: int | None) -> tuple[Any, Text]:
-    """The token ids of a recipe's text, cut to ``max_tokens``, and the text they are (named for the cut)."""
-    text = load_text(source)
-    ids = tokenize(tokenizer, text)
-    if max_tokens is not None and ids.numel() > max_tokens:
-        ids = ids[:max_tokens]
-        text = Text(f"{text.source}[:{max_tokens} tokens]", tokenizer.decode(ids))
-    return ids, text
-
-
-class PerplexityResult(Result):
+class PerplexityFigure(Result):
     perplexity: float
     perplexity_protocol: dict[str, Any]
-    lm_eval_word_perplexity: float | None = None
-    lm_eval_byte_perplexity: float | None = None
-    lm_eval_bits_per_byte: float | None = None
-    lm_eval_token_perplexity: float | None = None
+
+
+def _result_model() -> type[Result]:
+    """The figure and the stamp, plus every field a registered protocol reports besides them (optional)."""
+    extras = {name: (info.annotation, None) for entry in PERPLEXITY_PROTOCOLS.entries()
+              if entry.cls.extra_result is not None for name, info in entry.cls.extra_result.model_fields.items()}
+    return create_model("PerplexityResult", __base__=PerplexityFigure, **extras)  # type: ignore[call-overload]
+
+
+PerplexityResult = _result_model()
 
 
 @register("perplexity", "perplexity under the recipe's protocol (windows, sliding, kv-chunked, lm-eval, ...)")
 class Perplexity(Measurement):
+    order = 80
     result = PerplexityResult
     title = "perplexity"
     columns = (Column("perplexity", "perplexity", ".3f", compare="delta", higher_is_better=False),)
@@ -39,8 +38,7 @@ class Perplexity(Measurement):
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec = ctx.recipe.evaluations.perplexity
         ids, text = scored_text(spec.text, ctx.loaded.tokenizer, spec.max_tokens)
-        return PerplexityResult(**spec.runner.run(ctx.model, ctx.loaded.tokenizer, ids, text, spec, ctx.variant.kv,
-                                                  ctx.device))
+        return PerplexityResult(**spec.run(ctx.model, ctx.loaded.tokenizer, ids, text, ctx.variant.kv, ctx.device))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         proto = row.get("perplexity_protocol")

@@ -19,6 +19,7 @@ def _gbps(x: Any) -> str:
 
 @register("roofline", "bytes a decode step must read over the measured copy bandwidth, as a share of the step time")
 class Roofline(Measurement):
+    order = 60
     result = RooflineShare
     scope = "point"
     derived = True

@@ -20,6 +20,7 @@ class TimingNoise(Result):
 @register("timing_noise", f"rows whose decode p90/p10 exceeds {NOISY_P90_OVER_P10} or whose copy bandwidth changed "
           f"by {NOISY_BANDWIDTH_CHANGE:.0%} or more while they ran")
 class Noise(Measurement):
+    order = 70
     result = TimingNoise
     scope = "point"
     derived = True

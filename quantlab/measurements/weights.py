@@ -3,7 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..measure.memory import decode_weight_bytes_read, weight_bytes_analytic, weight_bytes_by_component, weight_bytes_by_device
+from ..engine.memory import (
+    decode_weight_bytes_read,
+    weight_bytes_analytic,
+    weight_bytes_by_component,
+    weight_bytes_by_device,
+)
 from .base import MIB, Column, Measurement, Result, register
 
 
@@ -45,6 +50,7 @@ def _placement(model: Any) -> dict[str, Any]:
 
 @register("weights", "bytes of every parameter and buffer after quantization, by component, beside the formulas")
 class Weights(Measurement):
+    order = 10
     result = WeightBytes
     title = "weights"
     columns = (

@@ -1,12 +1,14 @@
-"""Weight formats. Importing this package registers every built-in format and matmul kernel."""
-from . import kernel_bitplane, kernel_gptqmodel  # noqa: F401  (kernel registration, before the formats that list kernels)
-from . import awq, cast, checkpoint, codebook, fp8, gptq, gptqmodel_backend, hqq, mixed, rtn  # noqa: F401  (registration)
+"""Weight quantization: the format interface, ``quantize_``, the quantized linear and offload, with
+subpackages for the formats, stored tensors, matmul kernels, the calibrated pass, mixed precision and
+checkpoint I/O. Importing this package registers every built-in format and kernel (in any order: kernel
+names are checked when a format is validated, and ``auto`` follows each kernel's declared preference)."""
+from . import formats, kernels, mixed  # noqa: F401  (registration)
 from .apply import QuantizeReport, quantize_
-from .format import WEIGHT_FORMATS, WeightFormat
-from .gptq_checkpoint import load_gptq, save_gptq
-from .gptq_solve import gptq_quantize
+from .calibrate.gptq_solve import gptq_quantize
+from .format import WEIGHT_FORMATS, Calibration, WeightFormat
+from .io.gptq import load_gptq, save_gptq
 from .linear import QuantizedLinear
-from .qtensor import QuantizedTensor, quantize_tensor
+from .tensors.affine import QuantizedTensor, quantize_tensor
 
-__all__ = ["WEIGHT_FORMATS", "WeightFormat", "QuantizedLinear", "QuantizedTensor", "QuantizeReport",
+__all__ = ["WEIGHT_FORMATS", "Calibration", "WeightFormat", "QuantizedLinear", "QuantizedTensor", "QuantizeReport",
            "gptq_quantize", "load_gptq", "quantize_", "quantize_tensor", "save_gptq"]

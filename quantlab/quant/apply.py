@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,18 +38,14 @@ def head_format(fmt: WeightFormat, head: str) -> WeightFormat | None:
     return fmt.format_for(head)  # the format's include / exclude still apply
 
 
-def select_linears(
-    model: nn.Module, include: Iterable[str] | None = None, exclude: Iterable[str] | None = None
-) -> tuple[list[str], list[str]]:
-    """Split linear modules into (selected, kept) by glob patterns on their qualified names."""
-    exclude = list(default_exclude(model) if exclude is None else exclude)
-    include = list(include or ["*"])
+def select_linears(model: nn.Module) -> tuple[list[str], list[str]]:
+    """Split the linear modules into (selected, kept): the default selection takes every linear but the output
+    head (``default_exclude``)."""
+    heads = set(default_exclude(model))
     selected, kept = [], []
     for name, module in model.named_modules():
-        if not isinstance(module, linear_types()):
-            continue
-        chosen = any(fnmatch(name, p) for p in include) and not any(fnmatch(name, p) for p in exclude)
-        (selected if chosen else kept).append(name)
+        if isinstance(module, linear_types()):
+            (kept if name in heads else selected).append(name)
     return selected, kept
 
 
@@ -57,26 +53,22 @@ def quantize_(
     model: nn.Module,
     fmt: WeightFormat,
     calibration: Calibration | list[torch.Tensor] | None = None,
-    include: Iterable[str] | None = None,
-    exclude: Iterable[str] | None = None,
 ) -> QuantizeReport:
     """Apply ``fmt`` to ``model`` in place.
 
-    ``calibration``: token-id tensors ``[1, seq]`` (or a ``Calibration``) for formats that need them.
-    By default every linear layer is quantized except the output embedding (unless one of the format's
-    overrides names it, e.g. ``lm_head``); embeddings and norms stay in the base dtype. ``include`` / ``exclude`` are
-    glob patterns on module names (e.g. ``"*.mlp.*"``) that override this; the format's own ``include``,
-    ``exclude`` and ``overrides`` then choose among those (overrides are applied first, so a calibrated
-    format sees them already quantized).
+    ``calibration``: token-id tensors ``[1, seq]`` (or a ``Calibration``, e.g. from ``calibration_from_text``) for
+    formats that need them. Every linear layer is quantized except the output embedding; embeddings and norms stay
+    in the base dtype. The format's own ``include`` / ``exclude`` globs on module names (e.g. ``"*.mlp.*"``) and its
+    ``overrides`` choose among those (overrides are applied first, so a calibrated format sees them already
+    quantized; an override naming the output head, e.g. ``lm_head``, quantizes it too).
     """
     if fmt.needs_calibration and calibration is None:
         raise ValueError(f"weight format {fmt.label} needs calibration data (a list of token-id tensors)")
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
-    heads = default_exclude(model) if exclude is None else []
-    selected, kept = select_linears(model, include, heads if exclude is None else exclude)
-    for head in heads:
+    selected, kept = select_linears(model)
+    for head in default_exclude(model):
         found = head_format(fmt, head) if head in kept else None
         if found is not None and found.requires_calibration:
             raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")

@@ -13,7 +13,6 @@ from ..dtypes import DTYPES, SHORT_DTYPE, DtypeName  # noqa: F401  (re-exported 
 from ..registry import Registry
 
 
-
 @dataclass
 class Calibration:
     """Calibration token ids (each ``[1, seq]``) and, where there is one, the tokenizer that made them."""
@@ -38,6 +37,10 @@ class WeightFormat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     requires_calibration: ClassVar[bool] = False
+    example_fields: ClassVar[dict[str, Any] | None] = {}  # a small instance's fields (the contract test builds it,
+    # less the fields a registered preset fixes); None: it needs files of its own (its own tests cover it)
+    estimate_is_exact: ClassVar[bool] = True  # False: the model decides some bytes the config cannot tell (a lower bound)
+    slow_to_apply: ClassVar[bool] = False  # runs a library of its own in a subprocess (the contract test marks it slow)
     format_fields: ClassVar[tuple[str, ...]] = ()  # fields holding formats themselves: a recipe resolves each entry
     include: tuple[str, ...] | None = Field(None, description="globs of the linears to quantize (default: all but "
                                             "the output head)")
@@ -92,6 +95,11 @@ class WeightFormat(BaseModel):
                 raise ValueError(f"override {f.label} would run the model in another dtype than {self.scheme_label}; "
                                  "give both the same compute_dtype (to keep modules unquantized, use exclude)")
         return self
+
+    @property
+    def exports(self) -> tuple[str, ...]:
+        """The checkpoint formats a model quantized with this config can be written in (``gptq``: ``save_gptq``)."""
+        return ()
 
     def prepare_model_(self, model: nn.Module) -> None:
         """Whole-model changes made before any module is replaced (e.g. a dtype cast)."""

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .kernels import Kernel, choose_kernel
-from .qtensor import QuantizedTensor
+from .kernels.base import Kernel, choose_kernel
+from .tensors.affine import QuantizedTensor
 
 
 @functools.cache

@@ -9,10 +9,10 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..errors import QuantlabError
+from ..files import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text
 from ..measurements import all_measurements
-from ..records import RunFolder
-from ..results import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text
-from ..views import IDENTITY, RUN_FIELDS, flat_row
+from ..run.records import RunFolder
+from ..run.views import IDENTITY, RUN_FIELDS, flat_row
 from .html import render_html
 from .markdown import render
 from .table import compared_columns, comparison, flatten, points_frame

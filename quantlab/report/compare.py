@@ -13,8 +13,9 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..errors import QuantlabError
+from ..eval.perplexity import protocol_of
+from ..files import atomic_write_text
 from ..measurements import Column
-from ..results import atomic_write_text
 from .table import cell, compare_heading, delta_spec, first_ok, fmt_value, sections
 
 
@@ -57,9 +58,7 @@ def run_settings(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[s
         "workload.prompt_tokens": w.get("prompt_tokens", first.get("prompt_tokens")),
         "workload.new_tokens": w.get("new_tokens", first.get("new_tokens")),
         "workload.engine": w.get("engine", first.get("engine")),
-        "perplexity protocol": (f"{proto.get('name')}, window {proto.get('window_tokens')}, stride "
-                                f"{proto.get('stride_tokens')}, text sha256 {str(proto.get('text_sha256'))[:12]}")
-        if proto else None,
+        "perplexity protocol": protocol_of(proto).comparison_key(proto) if proto else None,
     }
 
 

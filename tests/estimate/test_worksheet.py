@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from quantlab import KV_FORMATS, WEIGHT_FORMATS
 from quantlab.estimate import estimate, read_architecture, read_raw_config
 from quantlab.estimate.evidence import config_object
 from quantlab.estimate.inventory import from_formula, from_implementation
+from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
 
 CONFIGS = Path(__file__).parents[2] / "evals" / "configs"
 NATIVE = KV_FORMATS["native"].build()
@@ -134,8 +134,8 @@ def test_an_override_naming_the_head_is_estimated_as_quantized_exactly(tied: boo
     import torch
 
     from quantlab import quantize_
+    from quantlab.engine.memory import weight_bytes
     from quantlab.estimate.worksheet import weight_payload
-    from quantlab.measure.memory import weight_bytes
     from tests.conftest import make_llama
 
     fmt = WEIGHT_FORMATS["int4"].build(group_size=32, overrides=[{"modules": "lm_head", "format": "int8"}])

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from quantlab.kv import KV_FORMATS
-from quantlab.measure.latency import cache_kwarg
+from quantlab.kv.hf_compat import cache_kwarg
 from tests.conftest import make_llama
 
 FORMATS = [("fp32", {}), ("bf16", {}), ("fp16", {}), ("fp8", {}), ("int8", {}), ("int4", {"group_size": 32}),
@@ -59,7 +59,7 @@ def test_cast_formats_store_their_dtype() -> None:
 @pytest.mark.parametrize("name,params", [("int4", {"group_size": 32}), ("fp8", {}), ("int2", {"key_axis": "channel", "group_size": 32})])
 def test_generate_runs_with_a_quantized_cache(name: str, params: dict) -> None:
     from quantlab.models import load_model
-    from quantlab.recipe import ModelSpec
+    from quantlab.run.recipe import ModelSpec
 
     loaded = load_model(ModelSpec(bundled="tiny-stdlib-llama"))
     kv = KV_FORMATS[name].build(**params)

@@ -2,8 +2,8 @@
 from pathlib import Path
 
 from quantlab import run_recipe, validate_recipe
+from quantlab.files import read_jsonl
 from quantlab.measurements.module_formats import summarize
-from quantlab.results import read_jsonl
 
 
 def test_the_summary_groups_linears_by_format_module_type_and_layer_ranges() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from quantlab.measurements import MEASUREMENTS, Column, Measurement, Result, all_measurements, register
 from quantlab.report import write_report
-from quantlab.views import flat_row
+from quantlab.run.views import flat_row
 
 PROTOCOL = {"name": "windows", "window_tokens": 64, "stride_tokens": 64, "scored_tokens": 100, "text": "t",
             "text_sha256": "0" * 64}
@@ -119,11 +119,32 @@ def test_a_column_naming_a_missing_field_fails_at_registration() -> None:
 
     class Broken(Measurement):
         result = Small
+        order = 1000
         columns: ClassVar = (Column("speed_tokens_per_sec", "speed"),)
 
     with pytest.raises(TypeError, match="speed_tokens_per_sec"):
         register("broken", "a typo'd column")(Broken)
     assert "broken" not in MEASUREMENTS
+
+
+def test_a_measurement_without_a_declared_order_fails_at_registration() -> None:
+    class Small(Result):
+        speed_tokens_per_s: float
+
+    class Unordered(Measurement):
+        result = Small
+        columns: ClassVar = (Column("speed_tokens_per_s", "speed"),)
+
+    with pytest.raises(TypeError, match="order = N"):
+        register("unordered", "no place in the reports")(Unordered)
+    assert "unordered" not in MEASUREMENTS
+
+
+def test_report_order_is_declared_not_the_import_order() -> None:
+    names = [name for name, _ in all_measurements()]
+    orders = [MEASUREMENTS[name].cls.order for name in names]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    assert names[:3] == ["weights", "module_formats", "kv_cache"] and names[-1] == "lm_eval_tasks"
 
 
 def test_a_record_missing_a_field_is_an_error_not_a_dash(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from quantlab.measure.bandwidth import copy_bandwidth_bytes_per_s
+from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
 from quantlab.measurements.roofline import Roofline
 
 

@@ -2,8 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from quantlab import WEIGHT_FORMATS, QuantizedLinear, quantize_
-from quantlab.measure.memory import weight_bytes_by_component
+from quantlab import QuantizedLinear, quantize_
+from quantlab.engine.memory import weight_bytes_by_component
+from quantlab.extend import WEIGHT_FORMATS
 from tests.conftest import make_llama
 
 
@@ -26,7 +27,7 @@ def test_default_selection_quantizes_decoder_linears_and_keeps_the_head() -> Non
 
 def test_include_and_exclude_patterns() -> None:
     model = make_llama()
-    report = quantize_(model, _fmt("int8"), include=["*.mlp.*"], exclude=["*.down_proj", "lm_head"])
+    report = quantize_(model, _fmt("int8", include=["*.mlp.*"], exclude=["*.down_proj"]))
     assert sorted(report.replaced) == sorted(f"model.layers.{i}.mlp.{p}_proj" for i in range(2) for p in ("gate", "up"))
 
 
@@ -133,7 +134,7 @@ def test_an_override_must_keep_the_compute_dtype_and_have_no_selection_of_its_ow
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_an_override_naming_the_head_quantizes_it_and_reads_fewer_bytes(tied: bool) -> None:
-    from quantlab.measure.memory import decode_weight_bytes_read, weight_bytes
+    from quantlab.engine.memory import decode_weight_bytes_read, weight_bytes
 
     plain, model = make_llama(tie_word_embeddings=tied), make_llama(tie_word_embeddings=tied)
     ids = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -152,8 +153,8 @@ def test_an_override_naming_the_head_quantizes_it_and_reads_fewer_bytes(tied: bo
     assert decode_weight_bytes_read(plain) - decode_weight_bytes_read(model) == 4 * head - model.lm_head.analytic_weight_bytes()
     assert weight_bytes(model) - weight_bytes(plain) == (
         model.lm_head.analytic_weight_bytes() - (0 if tied else 4 * head))
-    # Calibrated formats cannot take the head; the quantize_ exclude argument still keeps it.
+    # Calibrated formats cannot take the head; the format's own exclude still keeps it.
     with pytest.raises(ValueError, match="output head"):
         quantize_(make_llama(), _fmt("int4", group_size=32, overrides=[{"modules": "lm_head", "format": "gptq",
                                                                         "bits": 4}]), [ids])
-    assert quantize_(make_llama(), fmt, exclude=["lm_head"]).kept == ["lm_head"]
+    assert quantize_(make_llama(), fmt.model_copy(update={"exclude": ("lm_head",)})).kept == ["lm_head"]

@@ -3,10 +3,12 @@ quantization codes as the model loaded whole (CPU; the two-GPU placement runs th
 import pytest
 import torch
 
-from quantlab import UnsupportedError, WEIGHT_FORMATS, quantize_
+from quantlab import UnsupportedError, quantize_
 from quantlab.data import calibration_samples, load_text
-from quantlab.measure.memory import weight_bytes_by_device
-from quantlab.measure.perplexity import perplexity, tokenize
+from quantlab.engine.memory import weight_bytes_by_device
+from quantlab.eval.perplexity import perplexity
+from quantlab.eval.tokens import tokenize
+from quantlab.extend import WEIGHT_FORMATS
 from quantlab.models import ModelSpec, load_model
 from quantlab.quant.linear import QuantizedLinear
 

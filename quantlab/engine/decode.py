@@ -1,0 +1,310 @@
+"""Decode latency: prefill and per-token decode times after warm-up, device synchronized.
+
+Engine ``eager``: a greedy loop over ``model.forward`` with the KV format's (dynamic) cache, as
+transformers' ``generate`` runs it, without its logits processors. Engine ``compiled``: the same loop
+with a static cache and a ``torch.compile``d decode step, as transformers' auto-compiled generation
+does; compilation happens in the warm-up and is timed apart from it (``compile_s``).
+
+On CPU the compiled engine also removes what dominates a small model's step once the weights are read
+quickly (``benchmarks/profile_decode.py`` shows the shares): the attention runs as plain matmuls and
+softmax, which inductor fuses into the step's graph, instead of the fused SDPA kernel's per-call setup;
+half-precision linears and int8 weights multiply a single row as one fused loop over the weight
+(``fused_row_matmul``) instead of ``aten::mm``'s batch-1 path; inductor writes a pointwise chain out once
+rather than recomputing it inside such a loop; and dynamo skips its guards on module attributes, which it
+otherwise checks on every call. Skipping them is safe because the step is captured whole, for one model,
+from its own code object (so no other model's entry can match it), and dropped when the measurement ends;
+the model is not changed in between.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kv import KVFormat
+from ..kv.hf_compat import cache_kwarg
+from ..quant.kernels.base import fused_row_matmul, use_fused_row_matmul
+from .device import timed_ms
+from .memory import PeakMemory, cuda_devices_of
+
+
+@dataclass
+class DecodeResult:
+    prefill_ms: float
+    decode_ms: list[float] = field(repr=False)
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    engine: str = "eager"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, batch_size: int) -> dict[str, Any]:
+        q = statistics.quantiles(self.decode_ms, n=10, method="inclusive")
+        median = statistics.median(self.decode_ms)
+        return {
+            "engine": self.engine,
+            "engine_options": self.engine_options,
+            "prefill_ms": round(self.prefill_ms, 4),
+            "decode_ms_per_token": round(median, 4),
+            "decode_ms_p10": round(q[0], 4),
+            "decode_ms_p90": round(q[-1], 4),
+            "decode_steps": len(self.decode_ms),
+            "decode_ms_samples": [round(t, 4) for t in self.decode_ms],
+            "tokens_per_s": round(batch_size * 1e3 / median, 3),
+            **self.memory,
+        }
+
+
+def prompt_ids(vocab_size: int, batch_size: int, prompt_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch_size, prompt_tokens), generator=g).to(device)
+
+
+ENGINES = ("eager", "compiled")
+
+
+def compile_options(device: torch.device) -> dict[str, Any]:
+    """What the compiled engine sets: torch.compile of the decode step over a static cache; on CUDA also
+    CUDA graphs (mode reduce-overhead) and gpt-fast's inductor flags, which decide int8 speed there; on CPU
+    eager attention inside the graph, module guards skipped, half-precision linears as fused one-row matmuls,
+    and the thread count it ran with."""
+    if device.type == "cuda":
+        return {"mode": "reduce-overhead", "dynamic": False, "inductor": {
+            "coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}}
+    # realize_opcount_threshold: a chain of more than 4 pointwise ops (RMSNorm's scaling, SiLU x up) is written out
+    # once, not inlined into the one-row matmul's loop over the weight, which would recompute it for every row.
+    return {"mode": "default", "dynamic": False, "attention": "eager", "module_guards": "skipped",
+            "half_linears": "fused_row_matmul", "threads": torch.get_num_threads(),
+            "inductor": {"fx_graph_cache": True, "realize_opcount_threshold": 4}}
+
+
+def compiled_step(model: nn.Module, device: torch.device, options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """The model's forward under torch.compile with the engine's mode, or ``options`` in place of
+    ``compile_options`` (compile within ``inductor_options``).
+
+    The step gets a code object of its own: dynamo keys its compiled entries by code object, so each model
+    compiles its own graphs (and its own recompile budget) however many models a process measures. Module
+    guards are skipped only for a step captured whole (``fullgraph``): a graph break would leave resume
+    functions in library code, shared by every module of that class and, unguarded, run for a module they
+    were not traced for. A step that breaks is compiled again with its guards, and ``options`` says so."""
+    options = options if options is not None else compile_options(device)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return model.forward(*args, **kwargs)
+
+    step = types.FunctionType(forward.__code__.replace(), forward.__globals__, "decode_step", None, forward.__closure__)
+    guarded = torch.compile(step, mode=options["mode"], dynamic=options["dynamic"])
+    if options.get("module_guards") != "skipped":
+        return guarded
+    whole = torch.compile(step, dynamic=options["dynamic"], fullgraph=True,
+                          options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+    current = whole
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal current
+        try:
+            return current(*args, **kwargs)
+        except torch._dynamo.exc.Unsupported:  # a graph break (raised while compiling: nothing ran)
+            if current is guarded:
+                raise
+            current = guarded
+            options["module_guards"] = "kept (graph breaks)"
+            return current(*args, **kwargs)
+
+    return run
+
+
+def inductor_options(device: torch.device, settings: dict[str, Any] | None = None
+                     ) -> contextlib.AbstractContextManager[Any]:
+    """The engine's inductor settings (or ``settings``) for the duration of a ``with`` block, restored after it
+    (the caller's global inductor config is left as it was)."""
+    import torch._inductor.config as inductor
+
+    return inductor.patch(compile_options(device)["inductor"] if settings is None else settings)
+
+
+@contextlib.contextmanager
+def attention_implementation(model: nn.Module, name: str | None) -> Any:
+    """Run the ``with`` block with the model's attention set to ``name`` (None: as it is), restored after.
+    Yields the implementation in effect: the model's own where it cannot take ``name``."""
+    before = getattr(model.config, "_attn_implementation", None)
+    if name is None or before == name or not hasattr(model, "set_attn_implementation"):
+        yield before
+        return
+    try:
+        model.set_attn_implementation(name)
+    except (ValueError, ImportError):  # the architecture does not offer it: keep the model's own
+        yield before
+        return
+    try:
+        yield name
+    finally:
+        model.set_attn_implementation(before)
+
+
+def _row_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    if not use_fused_row_matmul(rows):
+        return F.linear(x, self.weight, self.bias)
+    y = fused_row_matmul(rows, self.weight)
+    y = y if self.bias is None else y + self.bias.float()
+    return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+@contextlib.contextmanager
+def fused_row_linears(model: nn.Module) -> Any:
+    """For the ``with`` block, the model's half-precision ``nn.Linear`` layers multiply a single row (a batch-1
+    decode step) by ``fused_row_matmul`` when compiled, which inductor turns into one loop over the weight;
+    otherwise, and after the block, ``F.linear`` as before. Yields the number of layers changed. Layers with an
+    accelerate hook (offloaded) keep their forward."""
+    changed = [m for m in model.modules() if type(m) is nn.Linear and not hasattr(m, "_hf_hook")
+               and m.weight.dtype in (torch.bfloat16, torch.float16) and "forward" not in vars(m)]
+    for m in changed:
+        m.forward = types.MethodType(_row_linear, m)
+    try:
+        yield len(changed)
+    finally:
+        for m in changed:
+            del m.forward
+
+
+class Generation:
+    """One greedy generation through the KV format's cache, each forward timed with the device synchronized.
+
+    ``step`` (a compiled forward) with ``max_cache_len`` runs decode steps over a static cache; the prefill
+    always runs the model eagerly."""
+
+    def __init__(self, model: nn.Module, kv: KVFormat, device: torch.device,
+                 step: Callable[..., Any] | None = None, max_cache_len: int | None = None) -> None:
+        self.model, self.device, self.step = model, device, step or model
+        self.cache = kv.make_cache(model.config, max_cache_len)
+        self.arg = cache_kwarg(model)
+        self.position = 0
+        self.token: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None  # the last position's logits of the latest forward
+
+    @torch.inference_mode()
+    def _next(self, forward: Callable[..., Any], ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(self.position, self.position + ids.shape[1], device=ids.device)
+        logits = forward(input_ids=ids, use_cache=True, cache_position=positions, **{self.arg: self.cache}).logits
+        self.position += ids.shape[1]
+        self.logits = logits[:, -1]
+        return self.logits.argmax(-1, keepdim=True)
+
+    def prefill(self, ids: torch.Tensor) -> float:
+        self.token, ms = timed_ms(lambda: self._next(self.model, ids), self.device)
+        return ms
+
+    def decode(self, steps: int) -> list[float]:
+        times = []
+        for _ in range(steps):
+            self.token, ms = timed_ms(lambda: self._next(self.step, self.token), self.device)
+            times.append(ms)
+        return times
+
+
+class DecodeEngine:
+    """A model made ready for timed generations by one engine, for the duration of a ``with`` block.
+
+    ``compiled`` enters the engine's inductor settings and attention, and compiles the step once; every
+    ``generation()`` then reuses it (a benchmark interleaving models round by round compiles each once).
+    ``warm_up`` runs one generation and, the first time, records the compilation (``options["compile_s"]``:
+    the first compiled step, timed apart from the measured ones). ``options`` replace some of
+    ``compile_options`` (``attention``, ``module_guards``, ``half_linears``, ``inductor``: for comparing the
+    engine with its alternatives)."""
+
+    def __init__(self, model: nn.Module, kv: KVFormat, device: torch.device, engine: str = "eager",
+                 max_cache_len: int | None = None, options: dict[str, Any] | None = None) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if engine == "compiled" and max_cache_len is None:
+            raise ValueError("the compiled engine decodes over a static cache: give max_cache_len")
+        self.model, self.kv, self.device, self.name = model, kv, device, engine
+        self.compiled = engine == "compiled"
+        self.max_cache_len = max_cache_len if self.compiled else None
+        self.options: dict[str, Any] = {**compile_options(device), **(options or {})} if self.compiled else {}
+        self.step: Callable[..., Any] | None = None
+        self._context = contextlib.ExitStack()
+
+    def __enter__(self) -> "DecodeEngine":
+        if self.compiled:
+            self._context.enter_context(inductor_options(self.device, self.options["inductor"]))
+            if "attention" in self.options:
+                self.options["attention"] = self._context.enter_context(
+                    attention_implementation(self.model, self.options["attention"]))
+            if (self.options.get("half_linears") == "fused_row_matmul"
+                    and not self._context.enter_context(fused_row_linears(self.model))):
+                self.options["half_linears"] = "none in the model"
+            self.step = compiled_step(self.model, self.device, self.options)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.step = None
+        self._context.close()
+
+    def generation(self) -> Generation:
+        return Generation(self.model, self.kv, self.device, self.step, self.max_cache_len)
+
+    def warm_up(self, ids: torch.Tensor, steps: int) -> None:
+        gen = self.generation()
+        gen.prefill(ids)
+        started = time.perf_counter()
+        gen.decode(1)
+        if self.compiled and "compile_s" not in self.options:
+            self.options["compile_s"] = round(time.perf_counter() - started, 3)
+        gen.decode(steps - 1)
+
+
+def measure_decode(
+    model: nn.Module, kv: KVFormat, *, batch_size: int, prompt_tokens: int, new_tokens: int,
+    warmup_runs: int, prefill_repeats: int, seed: int, device: torch.device, engine: str = "eager",
+) -> DecodeResult:
+    """Warm up, time ``prefill_repeats`` prefills, then one generation of ``new_tokens`` steps.
+
+    Peak memory is tracked for the prefill and for the decode steps of the last generation; the KV
+    cache it leaves is measured from its tensors and beside the format's formula.
+    """
+    with DecodeEngine(model, kv, device, engine, prompt_tokens + new_tokens) as decode:
+        return _measure_decode(decode, batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                               warmup_runs=warmup_runs, prefill_repeats=prefill_repeats, seed=seed)
+
+
+def _measure_decode(
+    decode: DecodeEngine, *, batch_size: int, prompt_tokens: int, new_tokens: int, warmup_runs: int,
+    prefill_repeats: int, seed: int,
+) -> DecodeResult:
+    model, kv, device = decode.model, decode.kv, decode.device
+    ids = prompt_ids(model.config.vocab_size, batch_size, prompt_tokens, seed, device)
+    for _ in range(max(warmup_runs, int(decode.compiled))):  # compiled: compilation happens here
+        decode.warm_up(ids, min(new_tokens, 8))
+    prefills = [decode.generation().prefill(ids) for _ in range(prefill_repeats - 1)]
+    gen = decode.generation()
+    spans = cuda_devices_of(model) if device.type == "cuda" else None
+    prefill_peak, decode_peak = PeakMemory(device, cuda_devices=spans), PeakMemory(device, cuda_devices=spans)
+    with prefill_peak.track():
+        prefills.append(gen.prefill(ids))
+    with decode_peak.track():
+        steps = gen.decode(new_tokens)
+    dtype = model.get_input_embeddings().weight.dtype
+    memory = {
+        "peak_memory_bytes": max(prefill_peak.peak_bytes, decode_peak.peak_bytes),
+        "peak_prefill_bytes": prefill_peak.peak_bytes,
+        "peak_decode_bytes": decode_peak.peak_bytes,
+        "peak_memory_method": decode_peak.method,
+        **({"peak_reserved_bytes": max(prefill_peak.reserved_bytes or 0, decode_peak.reserved_bytes or 0)}
+           if decode_peak.reserved_bytes is not None else {}),
+        **({"peak_memory_bytes_by_device": {k: max(v, (prefill_peak.by_device or {}).get(k, 0))
+                                            for k, v in decode_peak.by_device.items()}}
+           if decode_peak.by_device else {}),
+        "kv_cache_bytes": kv.cache_bytes(gen.cache),
+        "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype),
+        "kv_cache_tokens": prompt_tokens + new_tokens,
+    }
+    options = dict(decode.options) if decode.compiled else {"cache": type(gen.cache).__name__, "compiled": False}
+    return DecodeResult(statistics.median(prefills), steps, memory, decode.name, options)

@@ -1,0 +1,39 @@
+"""Extension points: the registries a new weight format, KV format, kernel, measurement, perplexity protocol or
+executor registers with, the base classes it subclasses, and the run folder that records are read from.
+
+Each registry names what it holds and lists the known names on a miss; a registered class is found by the
+recipe, the runner, the reports and the CLI without any of them naming it (README: "Adding a ...")."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "WEIGHT_FORMATS": "quantlab.quant:WEIGHT_FORMATS", "WeightFormat": "quantlab.quant.format:WeightFormat",
+    "QuantizedWeightFormat": "quantlab.quant.format:QuantizedWeightFormat",
+    "WeightTensor": "quantlab.quant.tensors.base:WeightTensor",
+    "KERNELS": "quantlab.quant.kernels:KERNELS", "Kernel": "quantlab.quant.kernels:Kernel",
+    "KV_FORMATS": "quantlab.kv:KV_FORMATS", "KVFormat": "quantlab.kv:KVFormat",
+    "MEASUREMENTS": "quantlab.measurements:MEASUREMENTS", "Measurement": "quantlab.measurements:Measurement",
+    "Result": "quantlab.measurements:Result", "Column": "quantlab.measurements:Column",
+    "register_measurement": "quantlab.measurements:register", "VariantContext": "quantlab.measurements:VariantContext",
+    "PERPLEXITY_PROTOCOLS": "quantlab.eval.perplexity:PERPLEXITY_PROTOCOLS",
+    "PerplexityProtocol": "quantlab.eval.perplexity:PerplexityProtocol",
+    "EXECUTORS": "quantlab.run.executors:EXECUTORS", "Sweep": "quantlab.run.sweep:Sweep",
+    "RunFolder": "quantlab.run.records:RunFolder",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'quantlab.extend' has no attribute {name!r}")
+    module, _, attr = _LAZY[name].partition(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,185 @@
+"""Published quantized checkpoints as a weight format: ``{format: checkpoint, path: FOLDER}``.
+
+The recipe's model gives the architecture (and the tensors a checkpoint leaves out); the folder's quantized
+linears replace its layers as ``QuantizedLinear`` and its other tensors (norms, embeddings, which AWQ may have
+rescaled) replace the model's. Readable:
+
+- GPTQ, ``checkpoint_format`` ``gptq`` (v1) or ``gptq_v2``, bits 2/4/8, act-order included (``gptq_checkpoint``);
+- AWQ, ``version: gemm`` (AutoAWQ's default): ``qweight`` int32 ``[in, out * bits / 32]`` packing 8 output
+  columns per word in the order 0 2 4 6 1 3 5 7, ``qzeros`` likewise per group, ``scales`` ``[groups, out]``,
+  dequantized as ``(q - zero) · scale``.
+
+The quantization settings come from ``quantize_config.json`` / ``quant_config.json`` or the ``quantization_config``
+of ``config.json``; the tensors from every ``*.safetensors`` file in the folder.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from ...errors import UnsupportedError
+from ..format import WEIGHT_FORMATS, Calibration, WeightFormat
+from ..kernels.base import KernelName, choose_kernel
+from ..linear import QuantizedLinear, linear_types, linear_weight
+from ..tensors.affine import QuantizedTensor
+from ..tensors.gptq_layout import FORMATS as GPTQ_FORMATS
+from ..tensors.gptq_layout import from_gptq_tensors
+from ..tensors.primitives import pack
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # output column of each 4-bit field of an AWQ GEMM word, low bits first
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """What a quantized checkpoint's config says of its layout."""
+
+    method: str  # gptq | awq
+    bits: int
+    group_size: int | None
+    symmetric: bool
+    layout: str  # gptq, gptq_v2 or gemm
+
+    @classmethod
+    def read(cls, folder: Path) -> "CheckpointSettings":
+        config: dict[str, Any] = {}
+        for name in ("quantize_config.json", "quant_config.json"):
+            if (folder / name).is_file():
+                config = json.loads((folder / name).read_text())
+                break
+        else:
+            if (folder / "config.json").is_file():
+                config = json.loads((folder / "config.json").read_text()).get("quantization_config") or {}
+        if not config:
+            raise UnsupportedError(f"{folder}: no quantize_config.json, quant_config.json or config.json "
+                                   "quantization_config: not a quantized checkpoint")
+        method = str(config.get("quant_method", "awq" if "w_bit" in config or "version" in config else "gptq")).lower()
+        bits = int(config.get("bits", config.get("w_bit", 0)))
+        group = int(config.get("group_size", config.get("q_group_size", -1)))
+        group_size = None if group == -1 else group
+        if method == "gptq":
+            layout = config.get("checkpoint_format", "gptq")
+            if layout not in GPTQ_FORMATS or bits not in (2, 4, 8):
+                raise UnsupportedError(f"{folder}: GPTQ checkpoint_format {layout!r} with bits {bits} is not read "
+                                       f"(readable: {', '.join(GPTQ_FORMATS)}, bits 2/4/8)")
+            return cls("gptq", bits, group_size, bool(config.get("sym", True)), layout)
+        if method == "awq":
+            version = str(config.get("version", "gemm")).lower()
+            if version != "gemm" or bits != 4:
+                raise UnsupportedError(f"{folder}: AWQ version {version!r} with bits {bits} is not read "
+                                       "(readable: gemm, 4 bits)")
+            return cls("awq", bits, group_size, not config.get("zero_point", True), "gemm")
+        raise UnsupportedError(f"{folder}: quant_method {method!r} is not read (readable: gptq, awq)")
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}{self.bits}-{'pc' if self.group_size is None else f'g{self.group_size}'}"
+
+
+def _unpack_awq(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """AWQ GEMM int32 words ``[rows, cols * bits / 32]`` as codes ``[rows, cols]``."""
+    per = 32 // bits
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    fields = torch.stack([(w >> (i * bits)) & ((1 << bits) - 1) for i in range(per)], dim=-1)  # [rows, words, per]
+    codes = torch.empty_like(fields)
+    codes[..., list(AWQ_ORDER)] = fields
+    return codes.reshape(words.shape[0], -1).to(torch.uint8)
+
+
+def from_awq_tensors(t: dict[str, torch.Tensor], bits: int, group_size: int | None) -> QuantizedTensor:
+    """AutoAWQ GEMM tensors as a QuantizedTensor."""
+    codes = _unpack_awq(t["qweight"], bits).t().contiguous()  # [out, in]
+    out, n_in = codes.shape
+    zeros = _unpack_awq(t["qzeros"], bits).t().contiguous()  # [out, groups]
+    return QuantizedTensor(packed=pack(codes, bits), scales=t["scales"].t().contiguous(), zeros=pack(zeros, bits),
+                           shape=(out, n_in), bits=bits, group_size=group_size)
+
+
+def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedError(f"{folder}: no .safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors
+
+
+def quantized_tensor(settings: CheckpointSettings, part: dict[str, torch.Tensor]) -> QuantizedTensor:
+    if settings.method == "awq":
+        return from_awq_tensors(part, settings.bits, settings.group_size)
+    return from_gptq_tensors(part, settings.bits, settings.group_size or -1, settings.symmetric, settings.layout)
+
+
+@WEIGHT_FORMATS.register("checkpoint", "a published GPTQ (v1/v2) or AWQ (gemm) checkpoint folder loaded into the "
+                         "recipe model's layers; fields: path, kernel")
+class CheckpointFormat(WeightFormat):
+    example_fields: ClassVar[dict[str, Any] | None] = None  # a published folder: tests/quant/formats/test_checkpoint.py
+    path: str = Field(description="folder of the quantized checkpoint (relative paths: to the recipe)")
+    kernel: KernelName = Field("auto", description="matmul path; auto takes the fastest that supports the tensor")
+
+    @field_validator("path")
+    @classmethod
+    def _readable(cls, path: str) -> str:
+        try:  # a folder that is not a readable checkpoint is a config error
+            CheckpointSettings.read(Path(path))
+        except UnsupportedError as e:
+            raise ValueError(str(e)) from None
+        return path
+
+    @property
+    def settings(self) -> CheckpointSettings:
+        return CheckpointSettings.read(Path(self.path))
+
+    @property
+    def scheme_label(self) -> str:
+        return f"ckpt-{self.settings.label}-{Path(self.path).name}"
+
+    def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
+        s = self.settings
+        return QuantizedTensor.analytic_nbytes((out_features, in_features), s.bits, s.group_size, s.symmetric, 2)
+
+    @torch.no_grad()
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
+        """Every quantized linear of the checkpoint replaces the model's (whatever ``selected`` says: the
+        checkpoint decided), then its other tensors replace the model's."""
+        folder, settings = Path(self.path), self.settings
+        tensors = read_tensors(folder)
+        names = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
+        if not names:
+            raise UnsupportedError(f"{folder}: no quantized tensors (*.qweight)")
+        details: dict[str, Any] = {}
+        for name in names:
+            try:
+                old = model.get_submodule(name)
+            except AttributeError:
+                raise UnsupportedError(f"{folder}: {name} is not a module of the recipe's model") from None
+            keys = ("qweight", "qzeros", "scales") + (("g_idx",) if settings.method == "gptq" else ())
+            q = quantized_tensor(settings, {k: tensors.pop(f"{name}.{k}") for k in keys if f"{name}.{k}" in tensors})
+            shape = tuple(linear_weight(old).shape) if isinstance(old, linear_types()) else None
+            if q.shape != shape:
+                raise UnsupportedError(f"{folder}: {name} is {list(q.shape)} in the checkpoint, {shape} in the model")
+            weight = linear_weight(old)
+            q = q.to(weight.device)
+            bias = tensors.pop(f"{name}.bias", None)
+            new = QuantizedLinear(choose_kernel(q, weight.device, weight.dtype, None if self.kernel == "auto" else [self.kernel]),
+                                  None if bias is None else bias.to(weight.device, weight.dtype), q.bits, q.group_size,
+                                  {"method": settings.method, "checkpoint": str(folder)})
+            model.set_submodule(name, new)
+            details[name] = {"checkpoint_layout": settings.layout}
+        state = model.state_dict()
+        for key, value in tensors.items():
+            if key not in state:
+                continue  # e.g. a tied head written twice
+            if value.shape != state[key].shape:
+                raise UnsupportedError(f"{folder}: {key} is {list(value.shape)} in the checkpoint, "
+                                       f"{list(state[key].shape)} in the model")
+            state[key].copy_(value.to(state[key].dtype))
+        return details

@@ -1,0 +1,188 @@
+"""Matmul paths for quantized weights. ``choose_kernel`` picks the fastest one that is correct for a tensor.
+
+Each kernel holds the tensors its path needs (converted once, at quantization
+time) in place of the generic packed layout, so the bytes measured are the
+bytes the matmul really reads. Preference (each kernel's ``preference``): torch's int4
+tinygemm (CUDA), torch's int4 CPU kernel, int8 codes cast inside the matmul (CUDA, bfloat16), torch's int8
+weight-only kernel, the bit-plane kernel (CPU), GPTQModel's kernels where installed, FP8 ``_scaled_mm`` when
+named, dequantize+matmul.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Callable, ClassVar, Iterator
+
+import torch
+import torch.nn.functional as F
+from pydantic import AfterValidator
+from torch import nn
+
+from ...errors import UnsupportedError
+from ...registry import UnknownNameError
+from ..tensors.affine import QuantizedTensor
+from ..tensors.base import WeightTensor
+
+
+def fused_row_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for one row ``x`` ``[1, in]`` written as a float32 multiply and row sum, which inductor
+    compiles into one loop reading each weight element once in its stored dtype (int8 codes, bf16) and
+    accumulating in float32. On 2 CPU cores it reads a bf16 weight about twice as fast as ``aten::mm``'s
+    batch-1 path (``benchmarks/profile_decode.py``); only under ``torch.compile`` (eagerly it would
+    materialize the float32 product)."""
+    return (x.float() * weight.float()).sum(-1).unsqueeze(0)
+
+
+def use_fused_row_matmul(x: torch.Tensor) -> bool:
+    """Whether a matmul of ``x`` ``[rows, in]`` takes ``fused_row_matmul``: one row, CPU, being compiled."""
+    return x.shape[0] == 1 and x.device.type == "cpu" and torch.compiler.is_compiling()
+
+
+class Kernel(nn.Module):
+    """A weight stored for one matmul path; ``forward(x)`` returns ``x @ Wᵀ`` (no bias)."""
+
+    path: ClassVar[str]
+    preference: ClassVar[int]  # ``kernel: auto`` tries kernels in ascending preference
+    tensor_type: ClassVar[type[WeightTensor] | tuple[type[WeightTensor], ...]] = QuantizedTensor  # stored forms it takes
+
+    @classmethod
+    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def in_auto(cls, device: torch.device) -> bool:
+        """Whether ``kernel: auto`` may pick this path on ``device`` (a path that is slower there than
+        dequantize+matmul, or recompiles under torch.compile, is only used when named)."""
+        return True
+
+    def analytic_nbytes(self) -> int:
+        """Bytes this layout needs, from the tensor's shape, bits and groups alone."""
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight ``[out, in]`` this kernel multiplies by."""
+        raise NotImplementedError
+
+
+class DequantKernel(Kernel):
+    """Any stored form (a ``WeightTensor``): dequantize it, then a dense matmul. Its tensors are held as buffers
+    and the tensor is rebuilt with its own class, so codebook and float forms keep their behaviour.
+
+    On CPU (eager) this goes a block of output rows at a time, so the dense block stays in cache and
+    is reused from the heap instead of a fresh, page-faulting allocation the size of the whole weight
+    (3-6x faster for a 4096x4096 weight on 2 cores). Elsewhere, and under torch.compile,
+    the whole weight at once.
+    """
+
+    cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows on CPU
+
+    path = "dequantize+matmul"
+    preference = 1000  # takes every stored form: the fallback
+    tensor_type = WeightTensor
+
+    def __init__(self, q: WeightTensor) -> None:
+        super().__init__()
+        tensors, self._fields = q.split()
+        self._tensor_class, self.shape = type(q), q.shape
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
+
+    @classmethod
+    def supports(cls, q: WeightTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return True
+
+    @property
+    def qtensor(self) -> WeightTensor:
+        """The stored tensor, rebuilt from this kernel's buffers (on their device)."""
+        names = self._tensor_class.tensor_field_names()
+        return self._tensor_class(**{n: getattr(self, n) for n in names}, **self._fields)
+
+    def analytic_nbytes(self) -> int:
+        return self.qtensor.layout_nbytes()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.qtensor.dequantize(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
+            return F.linear(x, self.dequantize(x.dtype))
+        q = self.qtensor
+        return linear_in_row_blocks(x, lambda start, stop: q.dequantize(x.dtype, slice(start, stop)), self.shape,
+                                    self.cpu_block_elements)
+
+
+def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int],
+                         block_elements: int) -> torch.Tensor:
+    """``x @ Wᵀ`` with W built ``rows(start, stop)`` a block of output rows at a time (about ``block_elements``
+    weights), so each dense block stays in cache and is reused from the heap instead of a fresh, page-faulting
+    allocation the size of the whole weight."""
+    out, n_in = shape
+    block = max(1, block_elements // n_in)
+    return torch.cat([F.linear(x, rows(r, min(r + block, out))) for r in range(0, out, block)], dim=-1)
+
+
+def act_order_columns(q: QuantizedTensor) -> torch.Tensor | None:
+    """For act-order tensors: input columns sorted by group, so each group is contiguous."""
+    return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
+
+
+class KernelRegistry:
+    """Matmul paths by name, iterated in order of preference (each kernel's ``preference``, lowest first), so
+    the order never depends on which module registered first."""
+
+    def __init__(self) -> None:
+        self._kernels: dict[str, type[Kernel]] = {}
+
+    def register(self, cls: type[Kernel]) -> type[Kernel]:
+        """Class decorator: ``@KERNELS.register`` adds a kernel under its ``path``."""
+        if cls.path in self._kernels:
+            raise ValueError(f"kernel '{cls.path}' is already registered")
+        self._kernels[cls.path] = cls
+        return cls
+
+    def items(self) -> list[tuple[str, type[Kernel]]]:
+        return sorted(self._kernels.items(), key=lambda item: item[1].preference)
+
+    def names(self) -> list[str]:
+        return [path for path, _ in self.items()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._kernels
+
+    def __getitem__(self, path: str) -> type[Kernel]:
+        return self._kernels[path]
+
+    def check(self, name: str) -> str:
+        """``name`` if it is ``auto`` or a registered kernel; else a ValueError listing the known ones (a field
+        validator's message)."""
+        if name != "auto" and name not in self._kernels:
+            raise ValueError(str(UnknownNameError("kernel", name, ["auto", *self.names()])))
+        return name
+
+
+KERNELS = KernelRegistry()
+KERNELS.register(DequantKernel)
+
+KernelName = Annotated[str, AfterValidator(KERNELS.check)]  # a format's ``kernel`` field: auto or a registered path
+
+
+def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None) -> Kernel:
+    """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations.
+
+    A kernel that turns out not to handle the tensor when built (``UnsupportedError``) passes the
+    choice on to the next one, unless it was the only one allowed.
+    """
+    reasons: list[str] = []
+    for path, cls in KERNELS.items():
+        if allowed is None and not cls.in_auto(device):
+            continue
+        if (allowed is None or path in allowed) and isinstance(q, cls.tensor_type) and cls.supports(q, device, dtype):
+            try:
+                return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
+            except UnsupportedError as e:
+                reasons.append(str(e))
+    g = "per channel" if q.group_size is None else f"group {q.group_size}"
+    raise UnsupportedError(f"kernel {', '.join(allowed or [])} does not support {q.bits}-bit {g} weights of shape "
+                           f"{q.shape} with {str(dtype).removeprefix('torch.')} activations on {device.type}"
+                           + (f": {'; '.join(reasons)}" if reasons else ""))

@@ -1,0 +1,182 @@
+"""Mixed precision under a byte budget: each linear (or group) in the candidate that costs the least divergence.
+
+``{format: mixed, candidates: [int8, {format: int4, group_size: 128}, {format: int3, group_size: 128}],
+bits_per_weight: 4.25}`` (or ``budget_bytes``, or ``budget_format``: the bytes another format would take).
+
+1. Sensitivity: for every group of linears (``granularity``) and every candidate, the mean KL divergence from
+   the unquantized model when only that group is in that candidate, on windows of the calibration text (not the
+   evaluation text, so the choice is not fitted to what it is judged on). It is measured in process
+   (``measure.module_sensitivity.scan``), or read from ``sensitivity_path`` when that file exists (a
+   ``quantlab sensitivity`` table with a ``format`` column, or this format's own); a scan writes its table
+   there, so other budgets over the same candidates reuse it.
+2. Assignment: the candidates' byte formulas give each group's bytes per candidate; the exact multiple-choice
+   knapsack (``knapsack.choose``) minimizes the summed divergence with the total within the budget. The sum
+   treats the groups' divergences as additive, the usual first-order assumption of such searches; the variant's
+   own divergence measurement then shows the combined effect.
+3. Each candidate is applied to its linears through its own ``apply_`` (calibrated ones last, so they see the
+   others quantized); every replaced linear's details name its candidate (the report's per-module table).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field, field_serializer, field_validator, model_validator
+from torch import nn
+
+from ...errors import QuantlabError
+from ..format import WEIGHT_FORMATS, Calibration, WeightFormat, build_format, format_entry
+from ..linear import linear_weight
+from .groups import Granularity, ModuleGroup, group_linears
+from .knapsack import InfeasibleBudget, choose
+
+TABLE_KEYS = ("group", "format", "kl_divergence_mean")
+
+
+@WEIGHT_FORMATS.register("mixed", "per-module choice among candidate formats under a byte budget, by measured "
+                         "divergence; fields: candidates, budget_bytes | bits_per_weight | budget_format, granularity, "
+                         "sensitivity_path, scan_tokens")
+class MixedFormat(WeightFormat):
+    requires_calibration: ClassVar[bool] = True  # the sensitivity scan reads the calibration text
+    example_fields: ClassVar[dict[str, Any] | None] = {
+        "candidates": ["int8", {"format": "int4", "group_size": 64}], "budget_format": {"format": "int4", "group_size": 32},
+        "scan_tokens": 256}
+    format_fields: ClassVar[tuple[str, ...]] = ("candidates", "budget_format")  # recipes resolve these as formats
+    candidates: tuple[WeightFormat, ...] = Field(min_length=2, description="the formats a linear may be stored in")
+    budget_bytes: int | None = Field(None, gt=0, description="most bytes the selected linears' weights may take")
+    bits_per_weight: float | None = Field(None, gt=0, description="most bits per weight over the selected linears "
+                                          "(scales and zero points included)")
+    budget_format: WeightFormat | None = Field(None, description="as many bytes as this format would take")
+    granularity: Granularity = Field("module", description="what takes one format: module, layer or module-type")
+    sensitivity_path: str | None = Field(None, description="CSV of divergences per group and candidate: read when "
+                                         "it exists, else measured and written there")
+    scan_tokens: int = Field(2048, ge=2, description="calibration tokens the sensitivity scan scores")
+
+    @field_validator("candidates", mode="before")
+    @classmethod
+    def _candidates(cls, value: Any) -> Any:
+        return tuple(build_format(e) for e in value) if isinstance(value, (list, tuple)) else value
+
+    @field_validator("budget_format", mode="before")
+    @classmethod
+    def _budget_format(cls, value: Any) -> Any:
+        return None if value is None else build_format(value)
+
+    @field_serializer("candidates")
+    def _dump_candidates(self, value: tuple[WeightFormat, ...]) -> list[dict[str, Any]]:
+        return [format_entry(f) for f in value]
+
+    @field_serializer("budget_format")
+    def _dump_budget_format(self, value: WeightFormat | None) -> dict[str, Any] | None:
+        return None if value is None else format_entry(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "MixedFormat":
+        budgets = [k for k in ("budget_bytes", "bits_per_weight", "budget_format") if getattr(self, k) is not None]
+        if len(budgets) != 1:
+            raise ValueError("give exactly one of budget_bytes, bits_per_weight, budget_format")
+        if self.overrides:
+            raise ValueError("mixed chooses each module's format itself: use include/exclude, not overrides")
+        labels = [c.scheme_label for c in self.candidates]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"candidates repeat a format: {', '.join(labels)}")
+        dtype = self.candidates[0].unquantized_dtype(torch.float32)
+        for c in (*self.candidates, *([self.budget_format] if self.budget_format else [])):
+            if isinstance(c, MixedFormat) or not c.is_plain:
+                raise ValueError(f"candidate {c.label}: a plain format (no mixed, include, exclude or overrides)")
+            try:
+                c.linear_weight_bytes(64, 64, torch.float32)
+            except NotImplementedError:
+                raise ValueError(f"{c.label} has no byte formula, so it cannot be budgeted") from None
+        for c in self.candidates:
+            if c.unquantized_dtype(torch.float32) != dtype:
+                raise ValueError(f"candidates {self.candidates[0].scheme_label} and {c.scheme_label} run the model in "
+                                 "different dtypes; give them the same compute_dtype")
+        return self
+
+    @property
+    def budget_label(self) -> str:
+        if self.bits_per_weight is not None:
+            return f"{self.bits_per_weight:g}bpw"
+        if self.budget_bytes is not None:
+            return f"{self.budget_bytes / 1e6:.4g}MB"
+        return f"as-{self.budget_format.scheme_label}"  # type: ignore[union-attr]
+
+    @property
+    def scheme_label(self) -> str:
+        by = "" if self.granularity == "module" else f"-by-{self.granularity}"
+        return f"mixed:{self.budget_label}{by}[{','.join(c.scheme_label for c in self.candidates)}]"
+
+    def prepare_model_(self, model: nn.Module) -> None:
+        for c in self.candidates:
+            c.prepare_model_(model)
+
+    def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
+        return self.candidates[0].unquantized_dtype(base)
+
+    def budget_for(self, shapes: list[tuple[int, int]], base: torch.dtype) -> int:
+        """The budget in bytes over linears of these ``(out, in)`` shapes."""
+        if self.budget_bytes is not None:
+            return self.budget_bytes
+        if self.bits_per_weight is not None:
+            return math.floor(self.bits_per_weight * sum(o * i for o, i in shapes) / 8)
+        return sum(self.budget_format.linear_weight_bytes(o, i, base) for o, i in shapes)  # type: ignore[union-attr]
+
+    def sensitivity(self, model: nn.Module, groups: list[ModuleGroup], calibration: Calibration | None) -> dict[tuple[str, str], float]:
+        """Mean KL per (group name, candidate label): read from ``sensitivity_path``, or scanned (and written there)."""
+        import pandas as pd
+
+        path = Path(self.sensitivity_path) if self.sensitivity_path else None
+        if path is not None and path.exists():
+            table = pd.read_csv(path)
+            missing_columns = [k for k in TABLE_KEYS if k not in table.columns]
+            if missing_columns:
+                raise QuantlabError(f"{path}: a sensitivity table needs the columns {', '.join(TABLE_KEYS)} "
+                                    f"(missing: {', '.join(missing_columns)})")
+        else:
+            from ...files import atomic_write_text
+            from .sensitivity import scan, scan_samples
+
+            if calibration is None or not len(calibration):
+                raise QuantlabError(f"weight format {self.label} scans sensitivity on calibration text: give calibration")
+            samples = scan_samples(calibration, self.scan_tokens)
+            table = pd.DataFrame(scan(model, groups, list(self.candidates), samples, calibration))
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, table.to_csv(index=False))
+        found = {(str(r.group), str(r.format)): float(r.kl_divergence_mean) for r in table.itertuples()
+                 if not pd.isna(r.kl_divergence_mean)}
+        for g in groups:
+            for c in self.candidates:
+                if (g.name, c.scheme_label) not in found:
+                    raise QuantlabError(f"{path}: no divergence for {g.name} in {c.scheme_label} (the table has "
+                                        f"{', '.join(sorted(set(table['format'].astype(str))))}; granularity "
+                                        f"{self.granularity}); delete it to measure again")
+        return found
+
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
+        if not selected:
+            return {}
+        groups = group_linears(model, selected, self.granularity)
+        shapes = {n: tuple(linear_weight(model.get_submodule(n)).shape) for n in selected}
+        base = linear_weight(model.get_submodule(selected[0])).dtype
+        sizes = [[sum(c.linear_weight_bytes(*shapes[n], base) for n in g.modules) for c in self.candidates]
+                 for g in groups]
+        table = self.sensitivity(model, groups, calibration)
+        costs = [[table[(g.name, c.scheme_label)] for c in self.candidates] for g in groups]
+        budget = self.budget_for([shapes[n] for g in groups for n in g.modules], base)
+        try:
+            choice = choose(costs, sizes, budget)
+        except InfeasibleBudget as e:
+            raise QuantlabError(f"weight format {self.label}: {e} bytes (all in the smallest candidates)") from None
+        assigned: dict[int, list[str]] = {}
+        for g, option in zip(groups, choice.options):
+            assigned.setdefault(option, []).extend(g.modules)
+        details: dict[str, Any] = {}
+        for option in sorted(assigned, key=lambda o: self.candidates[o].needs_calibration):  # calibrated ones last
+            fmt = self.candidates[option]
+            found = fmt.apply_(model, assigned[option], calibration)
+            details.update({n: {**d, "format": fmt.scheme_label} for n, d in found.items()})
+        return details

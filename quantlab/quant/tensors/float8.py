@@ -1,0 +1,62 @@
+"""The float8 stored form: e4m3 or e5m2 values with a float32 scale per output channel or per tensor.
+
+Each weight is divided by its scale (the row's or the tensor's absolute maximum over the format's largest value,
+so the maximum maps onto it) and cast to the float8 dtype, which rounds to nearest even: the numerics of a plain
+``(w / scale).to(torch.float8_e4m3fn)``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import UnsupportedError
+from .base import WeightTensor
+from .primitives import check_finite
+
+FP8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
+def fp8_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, FP8_DTYPES[name], None)
+    if dtype is None:
+        raise UnsupportedError(f"this torch has no {FP8_DTYPES[name]}")
+    return dtype
+
+
+@dataclass
+class Float8Tensor(WeightTensor):
+    """Float8 values ``[out, in]`` and float32 scales ``[out, 1]`` (per channel) or ``[1, 1]`` (per tensor)."""
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    shape: tuple[int, int]
+
+    bits = 8
+    group_size = None
+
+    @classmethod
+    def tensor_field_names(cls) -> tuple[str, ...]:
+        return ("data", "scales")
+
+    @staticmethod
+    def analytic_nbytes(shape: tuple[int, int], per_tensor: bool) -> int:
+        return shape[0] * shape[1] + 4 * (1 if per_tensor else shape[0])
+
+    def layout_nbytes(self) -> int:
+        return self.analytic_nbytes(self.shape, self.scales.shape[0] == 1 and self.shape[0] > 1)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+        scales = self.scales.expand(self.shape[0], 1)[rows]
+        return (self.data[rows].float() * scales).to(dtype)
+
+
+def quantize_fp8(x: torch.Tensor, kind: str = "e4m3", per_tensor: bool = False) -> Float8Tensor:
+    """``x [out, in]`` as float8 with absmax scales per row (or for the whole tensor)."""
+    if x.dim() != 2:
+        raise UnsupportedError(f"quantize_fp8 expects a 2-D tensor, got shape {tuple(x.shape)}")
+    check_finite(x)
+    dtype = fp8_dtype(kind)
+    x = x.float()
+    amax = x.abs().amax().reshape(1, 1) if per_tensor else x.abs().amax(dim=1, keepdim=True)
+    scales = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+    return Float8Tensor((x / scales).to(dtype), scales, tuple(x.shape))

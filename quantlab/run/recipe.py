@@ -1,0 +1,357 @@
+"""Recipes: YAML files naming a model, the formats to compare, the workload and the evaluations.
+
+Validation is strict: unknown keys, unknown format names, impossible values
+and missing files raise ``RecipeError`` naming the file and the field path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ..data import BUILTIN_TEXTS, TextSource
+from ..errors import QuantlabError, RecipeError
+from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol
+from ..eval.perplexity.base import DEFAULT_PROTOCOL
+from ..kv import KV_FORMATS, KVFormat
+from ..models import ModelSpec, Strict
+from ..quant import WEIGHT_FORMATS, WeightFormat
+from ..registry import Registry
+from ..validation import first_error, unknown_field_message
+
+PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+
+
+class Workload(Strict):
+    """Decode measurement points: every batch size x every prompt (context) length."""
+
+    batch_size: int | PositiveInts = Field(1, description="one batch size or a list")
+    prompt_tokens: int | PositiveInts = Field(64, description="one prompt length or a list (context lengths)")
+    new_tokens: int = Field(32, ge=2, description="decode steps timed per run")
+    warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
+    prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
+    engine: Literal["eager", "compiled"] = Field("eager", description="compiled: static cache + torch.compile")
+
+    @field_validator("batch_size", "prompt_tokens")
+    @classmethod
+    def _positive(cls, v: int | list[int]) -> int | list[int]:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("Input should be greater than or equal to 1")
+        return v
+
+    def points(self) -> list[tuple[int, int]]:
+        """(batch size, prompt tokens) pairs, the first one the headline figures come from."""
+        batches = self.batch_size if isinstance(self.batch_size, list) else [self.batch_size]
+        prompts = self.prompt_tokens if isinstance(self.prompt_tokens, list) else [self.prompt_tokens]
+        return [(b, p) for b in batches for p in prompts]
+
+
+class CalibrationSpec(Strict):
+    """Where calibration data for formats that need it (GPTQ) comes from: random windows of a text."""
+
+    text: TextSource = Field("stdlib-train", description=f"one of {', '.join(BUILTIN_TEXTS)}, a .txt/.jsonl file or a dataset")
+    samples: int = Field(128, ge=1)
+    seq_len: int = Field(256, ge=2)
+    seed: int = 0
+
+
+class LMEvalTask(Strict):
+    """An lm-evaluation-harness task, e.g. a local YAML in ``evals/`` (needs ``quantlab[eval]``)."""
+
+    task: str
+    include_path: str | None = Field(None, description="folder of task YAMLs (relative to the recipe)")
+    num_fewshot: int = Field(0, ge=0)
+    limit: int | None = Field(None, ge=1, description="at most this many documents")
+    batch_size: int = Field(8, ge=1)
+
+
+class DivergenceEval(Strict):
+    """Next-token distributions against the baseline variant's, on disjoint windows of the perplexity text."""
+
+    top_k: int | None = Field(128, ge=1, description="baseline log-probabilities kept per position (the rest as "
+                              "one bucket); null: the whole vocabulary")
+    window_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
+    max_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
+    batch_size: int = Field(4, ge=1, description="windows per forward pass")
+
+
+class Evaluations(Strict):
+    perplexity: SerializeAsAny[PerplexityProtocol] | None = Field(None, description="{protocol: NAME, fields...}: a "
+                                                                  "registered perplexity protocol")
+    divergence: DivergenceEval | None = None
+    lm_eval_tasks: list[LMEvalTask] = Field(default_factory=list)
+
+    @field_validator("perplexity", mode="before")
+    @classmethod
+    def _protocol(cls, v: Any) -> Any:
+        """``{protocol: NAME, field: value...}`` (default protocol: windows) built by the protocol registry."""
+        if isinstance(v, dict):
+            params = dict(v)
+            return PERPLEXITY_PROTOCOLS[params.pop("protocol", DEFAULT_PROTOCOL)].build(**params)
+        return v
+
+    @model_validator(mode="after")
+    def _divergence_reads_the_perplexity_text(self) -> "Evaluations":
+        if self.divergence is not None and self.perplexity is None:
+            raise ValueError("divergence scores the perplexity evaluation's text: add evaluations.perplexity")
+        return self
+
+
+class ExecutorSpec(Strict):
+    """Where a run's variants are measured: here, one after another (``local``), or as tasks on a Ray cluster."""
+
+    kind: str = Field("local", description="a registered executor: local | ray (checked by the runner, before "
+                      "anything is written)")
+    address: str | None = Field(None, description="ray: the cluster to join ('auto': the one running here); "
+                                "none starts a local Ray instance")
+    cpus_per_variant: float = Field(1, gt=0, description="ray: CPUs each variant's task reserves")
+    gpus_per_variant: float | None = Field(None, ge=0, description="ray: GPUs each variant's task reserves "
+                                           "(default: 1 when the recipe's device is cuda, else 0)")
+
+
+class Recipe(Strict):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="used as the report folder name")
+    description: str = ""
+    model: ModelSpec
+    weights: list[WeightFormat] = Field(min_length=1)
+    kv_cache: list[KVFormat] = Field(default_factory=list)
+    workload: Workload = Workload()
+    evaluations: Evaluations = Evaluations()
+    calibration: CalibrationSpec = CalibrationSpec()
+    baseline: str | None = Field(None, description="variant label of the baseline (default: the first)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    isolation: Literal["process", "none"] = Field("process", description="run each variant in its own process")
+    variant_timeout_s: float | None = Field(None, gt=0, description="stop a variant's process after this long; "
+                                            "it is recorded as failed and the run goes on (isolation: process)")
+    executor: ExecutorSpec = ExecutorSpec()
+    seed: int = 0
+    _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        if not self.kv_cache:
+            object.__setattr__(self, "kv_cache", [KV_FORMATS["native"].build()])
+        labels = [v.label for v in self.variants()]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"two variants share the label '{dupes[0]}'; remove one")
+        if self.baseline is not None and self.baseline not in labels:
+            raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
+        if self.variant_timeout_s is not None and self.isolation != "process":
+            raise ValueError("variant_timeout_s needs isolation: process (a variant in this process cannot be stopped)")
+        if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
+            raise ValueError("evaluations need trained weights; a synthetic model has random ones")
+        return self
+
+    def variants(self) -> list["Variant"]:
+        multi_kv = len(self.kv_cache) > 1
+        return [Variant(self, w, kv, multi_kv) for w in self.weights for kv in self.kv_cache]
+
+    @property
+    def baseline_label(self) -> str:
+        return self.baseline or self.variants()[0].label
+
+    @property
+    def baseline_variant(self) -> "Variant":
+        return next(v for v in self.variants() if v.label == self.baseline_label)
+
+    def to_spec(self) -> dict[str, Any]:
+        """A plain dict that ``validate_recipe`` turns back into an equal recipe."""
+        spec = self.model_dump(mode="json", exclude={"weights", "kv_cache"})
+        spec["weights"] = [format_spec(WEIGHT_FORMATS, w) for w in self.weights]
+        spec["kv_cache"] = [format_spec(KV_FORMATS, k) for k in self.kv_cache]
+        return spec
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One weight format x one KV format of a recipe."""
+
+    recipe: Recipe
+    weight: WeightFormat
+    kv: KVFormat
+    show_kv: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.weight.label}/kv-{self.kv.label}" if self.show_kv else self.weight.label
+
+    @property
+    def key(self) -> str:
+        """A hash of everything that determines this variant's results (resume key). Fields left at their
+        defaults are not part of it, so a new optional field does not invalidate earlier results."""
+        r = self.recipe
+
+        def dump(model: BaseModel) -> Any:
+            return model.model_dump(mode="json", exclude_defaults=True)
+
+        payload = {
+            "model": dump(r.model), "weight": {"format": WEIGHT_FORMATS.canonical_name(self.weight), **dump(self.weight)},
+            "kv": {"format": KV_FORMATS.canonical_name(self.kv), **dump(self.kv)}, "workload": dump(r.workload),
+            "evaluations": dump(r.evaluations), "device": r.device, "seed": r.seed,
+        }
+        if self.weight.needs_calibration:
+            payload["calibration"] = dump(r.calibration)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def format_spec(registry: Registry[Any], fmt: BaseModel) -> dict[str, Any]:
+    return {"format": registry.canonical_name(fmt), **fmt.model_dump(mode="json")}
+
+
+def resolve_format(registry: Registry[Any], entry: Any, file: str, where: str, name_key: str = "format") -> Any:
+    """The config ``entry`` names (``NAME`` or ``{<name_key>: NAME, field: value...}``), built by ``registry``;
+    a wrong name or field is a ``RecipeError`` naming the file, the field path and what is allowed."""
+    if isinstance(entry, str):
+        entry = {name_key: entry}
+    if not isinstance(entry, dict):
+        raise RecipeError(file, where, f"expected a {registry.kind} name or a mapping with '{name_key}', "
+                          f"got {type(entry).__name__}")
+    params = dict(entry)
+    name = params.pop(name_key, None)
+    if not isinstance(name, str):
+        raise RecipeError(file, f"{where}.{name_key}", f"required: one of {', '.join(registry.names())}")
+    try:
+        preset = registry[name]
+    except QuantlabError as e:
+        raise RecipeError(file, f"{where}.{name_key}", str(e)) from None
+    allowed = [f for f in preset.cls.model_fields if f not in preset.fixed]
+    if "overrides" in params and "overrides" in allowed:
+        params["overrides"] = _resolve_overrides(registry, params["overrides"], file, f"{where}.overrides")
+    for key in getattr(preset.cls, "format_fields", ()):  # weight formats holding formats (a mix's candidates)
+        value = params.get(key)
+        if isinstance(value, list):
+            params[key] = [resolve_format(registry, e, file, f"{where}.{key}[{j}]") for j, e in enumerate(value)]
+        elif value is not None:
+            params[key] = resolve_format(registry, value, file, f"{where}.{key}")
+    for key in params:
+        if key in preset.fixed:
+            raise RecipeError(file, f"{where}.{key}", f"'{key}' is fixed by format '{name}' (settable: {', '.join(allowed)})")
+        if key not in preset.cls.model_fields:
+            raise RecipeError(file, f"{where}.{key}", unknown_field_message(key, [name_key, *allowed]))
+    try:
+        return preset.build(**params)
+    except ValidationError as e:
+        path, msg = first_error(e, preset.cls, where)
+        raise RecipeError(file, path, msg) from None
+
+
+def _resolve_overrides(registry: Registry[Any], entries: Any, file: str, where: str) -> list[dict[str, Any]]:
+    """``[{modules: GLOB(S), format: NAME, field: value...}]`` with each format built (errors name the entry)."""
+    if not isinstance(entries, list):
+        raise RecipeError(file, where, "expected a list of {modules: GLOB or [GLOBS], format: NAME, ...}")
+    resolved = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("modules"), (str, list)) or not entry["modules"]:
+            raise RecipeError(file, f"{where}[{i}].modules", "required: a glob of module names (e.g. '*.down_proj') "
+                              "or a list of them")
+        params = {k: v for k, v in entry.items() if k != "modules"}
+        resolved.append({"modules": entry["modules"], "format": resolve_format(registry, params, file, f"{where}[{i}]")})
+    return resolved
+
+
+def _resolve_formats(data: dict[str, Any], key: str, registry: Registry[Any], file: str) -> None:
+    entries = data.get(key)
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise RecipeError(file, key, f"expected a list of formats (known: {', '.join(registry.names())})")
+    data[key] = [resolve_format(registry, e, file, f"{key}[{i}]") for i, e in enumerate(entries)]
+
+
+def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
+    model = data.get("model")
+    if isinstance(model, dict):
+        for key in ("path", "config"):
+            if isinstance(model.get(key), str):
+                p = (base / os.path.expanduser(model[key])).resolve()
+                if not p.exists():
+                    raise RecipeError(file, f"model.{key}", f"no such {'folder' if key == 'path' else 'file'}: {p}")
+                model[key] = str(p)
+    for i, entry in enumerate(data.get("weights") if isinstance(data.get("weights"), list) else []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):  # a checkpoint folder
+            p = (base / os.path.expanduser(entry["path"])).resolve()
+            if not p.is_dir():
+                raise RecipeError(file, f"weights[{i}].path", f"no such folder: {p}")
+            entry["path"] = str(p)
+        for key in [k for k in entry if k.endswith("_path") and isinstance(entry[k], str)] if isinstance(entry, dict) else []:
+            entry[key] = str((base / os.path.expanduser(entry[key])).resolve())  # a file the format reads or writes
+    evaluations = data.get("evaluations") if isinstance(data.get("evaluations"), dict) else {}
+    for i, task in enumerate(evaluations.get("lm_eval_tasks") or []):
+        if isinstance(task, dict) and isinstance(task.get("include_path"), str):
+            p = (base / os.path.expanduser(task["include_path"])).resolve()
+            if not p.is_dir():
+                raise RecipeError(file, f"evaluations.lm_eval_tasks[{i}].include_path", f"no such folder: {p}")
+            task["include_path"] = str(p)
+    ppl = evaluations.get("perplexity")
+    for where, section in (("evaluations.perplexity", ppl), ("calibration", data.get("calibration"))):
+        text = section.get("text") if isinstance(section, dict) else None
+        if isinstance(text, dict) and isinstance(text.get("dataset"), str) and text["dataset"].startswith((".", "/", "~")):
+            p = (base / os.path.expanduser(text["dataset"])).resolve()
+            if not p.exists():
+                raise RecipeError(file, f"{where}.text.dataset", f"no such dataset folder: {p}")
+            text["dataset"] = str(p)
+        if isinstance(section, dict) and isinstance(section.get("text"), str) and section["text"] not in BUILTIN_TEXTS:
+            p = (base / os.path.expanduser(section["text"])).resolve()
+            if not p.is_file():
+                raise RecipeError(file, f"{where}.text", f"no such file: {p} (or one of: {', '.join(BUILTIN_TEXTS)})")
+            section["text"] = str(p)
+
+
+def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+    """Validate a parsed recipe mapping; relative paths resolve against ``base_dir``."""
+    if not isinstance(data, dict):
+        raise RecipeError(file, "", "a recipe must be a YAML mapping (name:, model:, weights:, ...)")
+    data = json.loads(json.dumps(data, default=str))  # a deep copy we may edit
+    for key in data:
+        if key not in Recipe.model_fields:
+            raise RecipeError(file, str(key), unknown_field_message(str(key), list(Recipe.model_fields)))
+    _resolve_paths(data, base_dir or Path.cwd(), file)
+    _resolve_formats(data, "weights", WEIGHT_FORMATS, file)
+    _resolve_formats(data, "kv_cache", KV_FORMATS, file)
+    evaluations = data.get("evaluations")
+    if isinstance(evaluations, dict) and isinstance(evaluations.get("perplexity"), dict):
+        entry = {"protocol": DEFAULT_PROTOCOL, **evaluations["perplexity"]}
+        evaluations["perplexity"] = resolve_format(PERPLEXITY_PROTOCOLS, entry, file, "evaluations.perplexity", "protocol")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as e:
+        path, msg = first_error(e, Recipe)
+        raise RecipeError(file, path, msg) from None
+    recipe._source = file
+    return recipe
+
+
+def load_recipe(path: str | os.PathLike[str]) -> Recipe:
+    """Read and validate a recipe YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(str(p), "", "no such recipe file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise RecipeError(str(p), where, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+    return validate_recipe(data, str(p), p.parent)

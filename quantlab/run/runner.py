@@ -1,0 +1,118 @@
+"""Run a recipe: check it against the model, join or start a sweep of its run folder, let the recipe's executor
+measure each variant nobody has measured, and rebuild the views. Any number of runs of one recipe can fill one
+folder together."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import QuantlabError, RecipeError
+from ..files import MANIFEST_FILE, atomic_write_text
+from ..measurements import enabled_measurements
+from ..measurements.context import config_estimate
+from ..models import load_config
+from .executors import EXECUTORS
+from .fingerprint import describe, machine_fingerprint
+from .recipe import ExecutorSpec, Recipe
+from .records import RunFolder
+from .sweep import Log, Sweep
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def executor_class(recipe: Recipe, executor: ExecutorSpec) -> type[Sweep]:
+    """The registered executor ``executor.kind`` names, checked to be able to run here."""
+    try:
+        cls = EXECUTORS[executor.kind].cls
+    except QuantlabError as e:
+        raise RecipeError(recipe.source, "executor.kind", str(e)) from None
+    cls.check_available()
+    return cls
+
+
+def position_limit(recipe: Recipe, config: Any) -> tuple[int | None, str]:
+    """The model's position limit and where it comes from (the config field that states it)."""
+    estimate = config_estimate(recipe.model)
+    fact = estimate.architecture.row("position limit") if estimate else None
+    if fact is not None and fact.value:
+        return int(fact.value), f"{fact.kind} field {fact.source}" if fact.kind == "file" else f"{fact.kind}: {fact.source}"
+    limit = getattr(config, "max_position_embeddings", None)
+    return (int(limit), "config max_position_embeddings") if limit else (None, "")
+
+
+def _check_lengths(recipe: Recipe, config: Any) -> None:
+    """Refuse a workload, perplexity window or calibration length beyond the model's position limit."""
+    limit, source = position_limit(recipe, config)
+    if limit is None:
+        return
+    workload = recipe.workload
+    prompt, new = max(p for _, p in workload.points()), workload.new_tokens
+    if prompt + new > limit:
+        raise RecipeError(recipe.source, "workload.prompt_tokens", f"{prompt} + new_tokens {new} = "
+                          f"{prompt + new} positions exceed the model's position limit {limit} ({source})")
+    ppl = recipe.evaluations.perplexity
+    if ppl is not None and ppl.window_tokens > limit:
+        raise RecipeError(recipe.source, "evaluations.perplexity.window_tokens",
+                          f"{ppl.window_tokens} exceeds the model's position limit {limit} ({source})")
+    if any(w.needs_calibration for w in recipe.weights) and recipe.calibration.seq_len > limit:
+        raise RecipeError(recipe.source, "calibration.seq_len",
+                          f"{recipe.calibration.seq_len} exceeds the model's position limit {limit} ({source})")
+
+
+def _check_model(recipe: Recipe) -> None:
+    """Fail before writing anything if the model cannot be found, a KV format does not fit it, or the workload
+    asks for more positions than it has."""
+    config = load_config(recipe.model)
+    for i, kv in enumerate(recipe.kv_cache):
+        problem = kv.check(config)
+        if problem:
+            raise RecipeError(recipe.source, f"kv_cache[{i}]", f"{kv.label}: {problem}")
+    _check_lengths(recipe, config)
+
+
+def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
+    """The run's description; views add ``complete`` and the fingerprints their rows were measured under."""
+    estimate = config_estimate(recipe.model)
+    variants = recipe.variants()
+    return {
+        "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": [v.key for v in variants],
+        "variants": [v.label for v in variants], "complete": False, "sweep": sweep,
+        "measurements": [name for name, _ in enabled_measurements(recipe)],
+        "model_evidence": [vars(e) for e in estimate.architecture.evidence] if estimate else [],
+    }
+
+
+def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
+               shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> Path:
+    """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
+    other process running into the same folder), then rebuild the views. Returns ``out_dir``.
+
+    ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
+    anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report).
+    ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray)."""
+    from ..report import write_report
+
+    out_dir = Path(out_dir or Path("reports") / recipe.name)
+    executor = executor or recipe.executor
+    sweep_class = executor_class(recipe, executor)  # an unknown or missing engine: an error before anything is written
+    _check_model(recipe)
+    folder = RunFolder(out_dir)
+    folder.check_writable()
+    folder.convert_legacy(log)
+    sweep, started = folder.join_or_start_sweep()
+    log(f"{'started' if started else 'joined'} sweep {sweep} in {out_dir} on {describe(machine_fingerprint())}")
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(_manifest(recipe, sweep), indent=1))
+    share = sweep_class(recipe, folder, sweep, log, shard, executor)
+    share.run()
+    if share.all_recorded():
+        folder.complete_sweep(sweep)
+    else:
+        log(f"shard {shard[0]}/{shard[1]} done; other shards' variants are still missing (quantlab report {out_dir} "
+            "once every shard has finished)" if shard else "some variants are still missing")
+    if folder.has_records():
+        write_report(out_dir, log=log)
+    return out_dir

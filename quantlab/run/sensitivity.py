@@ -1,0 +1,147 @@
+"""``quantlab sensitivity``: how much each part of a model minds being quantized.
+
+One group of linears at a time (a decoder layer, a module type across layers, or one module) is put in a format,
+everything else left as the recipe's baseline, and the KL divergence from the baseline is measured on windows of
+the recipe's calibration text (``measure.module_sensitivity.scan``: the layers before a group replayed from the
+reference pass, a calibrated format solved once). The same table is what the ``mixed`` weight format chooses
+from, so ``sensitivity.csv`` can be its ``sensitivity_path``.
+
+Each measured row is appended to ``sensitivity.jsonl`` as it comes; an interrupted sweep resumes from those rows
+(rows measured under another text, token count, baseline or granularity are measured again). The ranked table
+(``sensitivity.csv``, ``sensitivity.md``) and a heatmap of layers × module types per format
+(``sensitivity.svg``) are written at the end.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import QuantlabError
+from ..files import atomic_write_text, read_jsonl
+from ..quant import WeightFormat
+from ..quant.mixed.groups import Granularity, ModuleGroup, group_linears
+
+ROWS_FILE = "sensitivity.jsonl"
+
+
+def module_groups(model_spec: Any, granularity: Granularity) -> list[ModuleGroup]:
+    """The groups of the model's default-selected linears, from its config (no weights read)."""
+    from ..models import load_config, meta_model
+    from ..quant.apply import select_linears
+
+    model = meta_model(load_config(model_spec), model_spec.trust_remote_code)
+    return group_linears(model, select_linears(model)[0], granularity)
+
+
+def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, most sensitive (largest mean KL) first."""
+    return sorted(rows, key=lambda r: -r["kl_divergence_mean"])
+
+
+def heatmap(table: list[dict[str, Any]], formats: list[str], granularity: str, kinds: list[str | None]) -> str:
+    """Mean KL by decoder layer (rows) and module type (columns, in ``kinds``' order), one panel per format, on
+    one logarithmic colour scale (a few groups are often orders of magnitude above the rest), as an SVG."""
+    from matplotlib.colors import LogNorm
+
+    from ..report.plots import STYLE, plt, to_svg
+
+    layers = sorted({r["layer"] for r in table if r["layer"] is not None}) or [None]
+    kinds = [k for k in kinds if k is not None] or [None]
+    grids = {f: torch.full((len(layers), len(kinds)), float("nan")) for f in formats}
+    for r in table:
+        rows = [layers.index(r["layer"])] if r["layer"] in layers else range(len(layers))
+        cols = [kinds.index(r["module_type"])] if r["module_type"] in kinds else range(len(kinds))
+        for i in rows:
+            for j in cols:
+                grids[r["format"]][i, j] = r["kl_divergence_mean"]
+    values = torch.cat([g[g > 0] for g in grids.values()])
+    norm = LogNorm(vmin=values.min().item(), vmax=values.max().item()) if values.numel() else None
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(formats), squeeze=False,
+                                 figsize=(1.6 + (0.9 * len(kinds) + 0.6) * len(formats), 1.2 + 0.22 * len(layers)))
+        for ax, f in zip(axes[0], formats):
+            image = ax.imshow(grids[f].numpy(), aspect="auto", cmap="magma_r", norm=norm)
+            ax.set_xticks(range(len(kinds)), [k or "all linears" for k in kinds], rotation=45, ha="right")
+            ax.set_yticks(range(len(layers)), ["all layers" if i is None else str(i) for i in layers])
+            ax.set_title(f"{f}: one {granularity} at a time", fontsize=9)
+        axes[0][0].set_ylabel("decoder layer")
+        fig.colorbar(image, ax=list(axes[0]), label="mean KL from the baseline (nats, log scale)")
+        return to_svg(fig)
+
+
+def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], granularity: str, stamp: dict[str, Any],
+                 kinds: list[str | None]) -> None:
+    import pandas as pd
+
+    atomic_write_text(out / "sensitivity.csv", pd.DataFrame(table).to_csv(index=False))
+    lines = [f"# Sensitivity to {', '.join(formats)} ({granularity})", "",
+             "Each row: only this group in this format, everything else as the baseline "
+             f"({stamp['baseline']}); most sensitive first. Scored on {stamp['scored_tokens']:,} tokens of "
+             f"{stamp['text']} (sha256 {stamp['text_sha256'][:12]}) in windows of {stamp['window_tokens']}.", "",
+             "| rank | group | format | mean KL | KL p99 | top-1 same % | Δppl |", "|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(table, 1):
+        lines.append(f"| {i} | {r['group']} | {r['format']} | {r['kl_divergence_mean']:.5f} | {r['kl_divergence_p99']:.4f} | "
+                     f"{r['top1_agreement_percent']:.2f} | {r['delta_perplexity']:+.3f} |")
+    lines += ["", "![heatmap](sensitivity.svg)", ""]
+    atomic_write_text(out / "sensitivity.md", "\n".join(lines))
+    atomic_write_text(out / "sensitivity.svg", heatmap(table, formats, granularity, kinds))
+
+
+def _earlier_rows(path: Path, stamp: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Rows an earlier, interrupted sweep measured under the same stamp. The file is written back whole without a
+    torn last line (a write cut short), so that rows appended from here on start on a line of their own."""
+    rows = read_jsonl(path, log)
+    if path.exists():
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+    return [row for row in rows if row.get("stamp") == stamp]
+
+
+def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granularity, out: Path, max_tokens: int,
+                    log: Callable[[str], None]) -> list[dict[str, Any]]:
+    from ..dtypes import DTYPES
+    from ..engine.device import resolve_device
+    from ..eval.tokens import token_ids_sha256
+    from ..measurements.context import calibration_for, load_baseline
+    from ..models import load_config, model_dtype_name
+    from ..quant.apply import select_linears
+    from ..quant.mixed.sensitivity import scan, scan_samples
+
+    baseline = recipe.baseline_variant.weight
+    base = DTYPES[model_dtype_name(recipe.model, load_config(recipe.model))]  # the dtype the model loads in
+    for f in formats:
+        if f.unquantized_dtype(base) != baseline.unquantized_dtype(base) or not f.is_plain:
+            raise QuantlabError(f"{recipe.source}: sensitivity puts {f.label} beside the baseline {baseline.label}: "
+                                "it needs the baseline's compute dtype and no include, exclude or overrides")
+    loaded, applied = load_baseline(recipe, resolve_device(recipe.device))
+    if applied.replaced:
+        raise QuantlabError(f"{recipe.source}: the baseline {baseline.label} quantizes linears; sensitivity needs an "
+                            "unquantized baseline (fp32, bf16 or fp16)")
+    calibration = calibration_for(recipe, loaded)
+    samples = scan_samples(calibration, max_tokens)
+    window = samples[0].shape[-1]
+    stamp = {"baseline": baseline.label, "granularity": granularity, "text": str(recipe.calibration.text),
+             "window_tokens": window, "scored_tokens": len(samples) * (window - 1), "seed": recipe.calibration.seed,
+             "text_sha256": token_ids_sha256(torch.cat([s.reshape(-1) for s in samples]))}
+    groups = group_linears(loaded.model, select_linears(loaded.model)[0], granularity)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_path = out / ROWS_FILE
+    earlier = _earlier_rows(rows_path, stamp, log)
+    wanted = {(g.name, f.scheme_label) for g in groups for f in formats}
+    rows = [r for r in earlier if (r["group"], r["format"]) in wanted]
+    if rows:
+        log(f"resuming: {len(rows)} of {len(wanted)} rows measured earlier ({rows_path})")
+
+    def append(row: dict[str, Any]) -> None:
+        with open(rows_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({**row, "stamp": stamp}) + "\n")
+            f.flush()
+
+    done = {(r["group"], r["format"]) for r in rows}
+    if len(done) < len(wanted):
+        rows += scan(loaded.model, groups, formats, samples, calibration, done=done, on_row=append)
+    table = rank([{k: v for k, v in r.items() if k != "stamp"} for r in rows])
+    write_tables(out, table, [f.scheme_label for f in formats], granularity, stamp, list(dict.fromkeys(g.kind for g in groups)))
+    return table

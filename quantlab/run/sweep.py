@@ -1,0 +1,148 @@
+"""A sweep: one process's share of a pass over a recipe's variants, each claimed in the run folder, measured and
+recorded. ``Sweep`` measures here, one variant at a time (the ``local`` executor); other executors subclass it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..engine.bandwidth import copy_bandwidth_bytes_per_s
+from ..engine.device import resolve_device
+from ..measurements import Measurement, all_measurements
+from .claims import Claim, Claims, Heartbeat
+from .fingerprint import fingerprint_id, machine_fingerprint
+from .recipe import ExecutorSpec, Recipe, Variant
+from .records import RunFolder, reusable, wait_s
+from .variant import failed_record, finish_record, measure_variant_safely
+from .views import flat_row
+
+Log = Callable[[str], None]
+
+
+def measure_in_subprocess(recipe: Recipe, index: int, run_folder: Path) -> dict[str, Any]:
+    """The variant measured in a fresh worker process (``isolation: process``); a crash or time-out is a failed record."""
+    variant = recipe.variants()[index]
+    with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
+        spec, out = Path(tmp) / "recipe.json", Path(tmp) / "record.json"
+        spec.write_text(json.dumps(recipe.to_spec()))
+        # On a terminal the worker's progress bars show through; otherwise its stderr is kept for the error line.
+        stderr = None if sys.stderr.isatty() else subprocess.PIPE
+        try:
+            proc = subprocess.run([sys.executable, "-m", "quantlab.run.worker", str(spec), str(index), str(out),
+                                   str(run_folder)],
+                                  stdout=subprocess.DEVNULL, stderr=stderr, text=True, timeout=recipe.variant_timeout_s)
+        except subprocess.TimeoutExpired:  # run() has killed the worker
+            return failed_record(recipe, variant, f"timed out after {recipe.variant_timeout_s:g} s (variant_timeout_s)")
+        if out.is_file():
+            return json.loads(out.read_text())
+        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+        why = lines[-1] if lines else ("killed (out of memory?)" if proc.returncode in (-9, 137) else "see the log above")
+        return failed_record(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
+
+
+class Sweep:
+    """This process's share of one sweep over the recipe's variants, measured here one at a time (in a process
+    of its own per variant, or in this one): the ``local`` executor. ``ray_executor.RaySweep`` runs the same loop
+    on a Ray cluster."""
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise a one-line ``QuantlabError`` when this executor cannot run here (a missing optional engine)."""
+
+    def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
+                 shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> None:
+        self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
+        self.executor = executor
+        self.fid = fingerprint_id(machine_fingerprint())
+        self.claims = Claims(folder.path)
+        self.told: set[str] = set()
+        self.bandwidth: float | None = None
+
+    def _tell_once(self, key: str, msg: str) -> None:
+        if key not in self.told:
+            self.told.add(key)
+            self.log(msg)
+
+    def start(self, index: int, variant: Variant, claim: Claim, tag: str) -> None:
+        """Measure a claimed variant, write its record and release the claim (here: synchronously)."""
+        try:
+            device = resolve_device(self.recipe.device)
+            if self.bandwidth is None:
+                self.bandwidth = copy_bandwidth_bytes_per_s(device)
+                self.log(f"memory bandwidth (copy): {self.bandwidth / 1e9:.1f} GB/s")
+            with Heartbeat(claim):
+                body = (measure_in_subprocess(self.recipe, index, self.folder.path) if self.recipe.isolation == "process"
+                        else measure_variant_safely(self.recipe, variant, self.folder.path))
+            self.record(tag, finish_record(body, self.sweep, self.bandwidth, copy_bandwidth_bytes_per_s(device)))
+        finally:
+            self.claims.release(claim)
+
+    def drain(self) -> None:
+        """Wait for variants started and not yet recorded (none here: ``start`` is synchronous)."""
+
+    def record(self, tag: str, record: dict[str, Any]) -> None:
+        self.folder.write_record(record)
+        self.told.add(record["variant_key"])
+        self.log(f"{tag}: {record['status']}" + (f" ({record['error']})" if record["status"] != "ok" else ""))
+        row = flat_row(record)
+        for line in sorted({a for _, m in all_measurements() for place in _places(row, m) if (a := m.alert(place))}):
+            self.log(f"{tag}: {line}")
+
+    def one_pass(self) -> dict[str, Any]:
+        """Measure every variant nobody has measured or is measuring; returns the keys other live processes hold."""
+        variants = self.recipe.variants()
+        held: dict[str, Any] = {}
+        try:
+            for i, variant in enumerate(variants):
+                if self.shard is not None and shard_of(variant.key, self.shard[1]) != self.shard[0]:
+                    continue  # another shard's variant
+                tag = f"[{i + 1}/{len(variants)}] {variant.label}"
+                why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+                if why:
+                    self._tell_once(variant.key, f"{tag}: {why}")
+                    continue
+                claim = self.claims.try_claim(variant.key)
+                if claim is None:
+                    held[variant.key] = self.claims.current(variant.key)
+                    continue
+                why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+                if why:  # finished by another process between our look and our claim
+                    self.claims.release(claim)
+                    self._tell_once(variant.key, f"{tag}: {why}")
+                    continue
+                self.log(f"{tag}: running")
+                self.start(i, variant, claim, tag)
+        finally:
+            self.drain()
+        return held
+
+    def all_recorded(self) -> bool:
+        """Whether every variant of the recipe (every shard's) has a record that stands for it in this sweep."""
+        return all(reusable(self.folder.read_record(v.key), self.fid, self.sweep) for v in self.recipe.variants())
+
+    def run(self) -> None:
+        attempt = 0
+        while True:
+            held = self.one_pass()
+            if not held:
+                return
+            if attempt == 0:
+                who = sorted({c.describe() for c in held.values() if c is not None})
+                self.log(f"waiting for {len(held)} variant(s) being measured by other processes ({', '.join(who)})")
+            time.sleep(wait_s(attempt))
+            attempt += 1
+
+
+def _places(row: dict[str, Any], m: Measurement) -> list[dict[str, Any]]:
+    """Where a measurement's figures are in a flat row: its decode points (point scope) or the row itself."""
+    return (row.get("decode_points") or []) if m.scope == "point" else [row]
+
+
+def shard_of(variant_key: str, shards: int) -> int:
+    """The shard a variant belongs to: its key (a hash of its resolved config) modulo the shard count, the same
+    in every process and on every machine."""
+    return int(variant_key, 16) % shards

@@ -1,0 +1,110 @@
+"""The compiled engine on CPU: each architecture's decode steps over a static cache, compiled with eager
+attention, module guards skipped and fused one-row matmuls, give the eager model's logits; models compiled in
+turn keep their own."""
+import pytest
+import torch
+from torch import nn
+
+from quantlab import quantize_
+from quantlab.engine import decode as latency
+from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
+
+CPU = torch.device("cpu")
+PROMPT, STEPS = 12, 4
+
+
+def tiny(arch: str) -> nn.Module:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    configs = {
+        "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(**common)),
+        "mistral": (tf.MistralForCausalLM, tf.MistralConfig(**common, sliding_window=8)),
+        "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(**common)),
+        "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(**common, head_dim=16, sliding_window=8,
+                                                             layer_types=["sliding_attention", "full_attention"])),
+        "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=128)),
+    }
+    cls, config = configs[arch]
+    return cls(config).eval()
+
+
+def decoded_logits(engine: str, model: nn.Module) -> list[torch.Tensor]:
+    with latency.DecodeEngine(model, KV_FORMATS["native"].build(), CPU, engine, PROMPT + STEPS) as decode:
+        if engine == "compiled":
+            assert decode.options["attention"] == "eager" and model.config._attn_implementation == "eager"
+            half = model.lm_head.weight.dtype == torch.bfloat16 if isinstance(model.lm_head, nn.Linear) else False
+            assert decode.options["half_linears"] == ("fused_row_matmul" if half else "none in the model")
+        return logits_of(decode.generation())
+
+
+def logits_of(gen: latency.Generation) -> list[torch.Tensor]:
+    model = gen.model
+    gen.prefill(torch.arange(PROMPT).unsqueeze(0) * 7 % model.config.vocab_size)
+    out = []
+    for _ in range(STEPS):
+        gen.decode(1)
+        out.append(gen.logits.float().clone())
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "gemma3", "gpt2"])
+def test_each_architecture_decodes_the_same_logits_compiled_as_eager(arch: str) -> None:
+    model = tiny(arch)
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=32))
+    before = model.config._attn_implementation
+    expected = decoded_logits("eager", model)
+    got = decoded_logits("compiled", model)
+    assert model.config._attn_implementation == before  # the engine's attention is undone afterwards
+    for e, g in zip(expected, got):
+        assert torch.allclose(g, e, atol=1e-4, rtol=1e-4), (g - e).abs().max()
+
+
+@pytest.mark.slow
+def test_models_compiled_in_turn_each_run_their_own_graph() -> None:
+    # Module guards are skipped, so without a step of its own the second model (same class, other weights and
+    # other quantized modules) would match the first model's compiled entry and run its graph.
+    # The second runs in bfloat16 with int8 layers: its int8 kernel and its bf16 head take the fused one-row matmul.
+    first, second = tiny("llama"), tiny("llama")
+    with torch.no_grad():
+        for p in second.parameters():
+            p.mul_(1.5)
+    quantize_(second, WEIGHT_FORMATS["int8"].build(compute_dtype="bfloat16"))
+    assert second.model.layers[0].mlp.up_proj.kernel_path == "int8pack_mm"
+    want_first, want_second = decoded_logits("eager", first), decoded_logits("eager", second)
+    got_first, got_second = decoded_logits("compiled", first), decoded_logits("compiled", second)
+    for e, g in zip(want_first, got_first):
+        assert torch.allclose(g, e, atol=1e-4, rtol=1e-4), (g - e).abs().max()
+    for e, g in zip(want_second, got_second):  # bfloat16: agreement to its rounding, the same greedy token
+        assert (g - e).abs().max() <= 0.02 * e.abs().max() and g.argmax() == e.argmax()
+    assert "forward" not in vars(second.lm_head)  # the fused path is undone with the engine
+    assert not torch.allclose(got_first[0], got_second[0], atol=1e-2)
+
+
+class Breaking(nn.Module):
+    """A module whose forward breaks the graph, with a Python constant traced into the code after the break."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear, self.scale = nn.Linear(8, 8), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        torch._dynamo.graph_break()
+        return y * self.scale
+
+
+@pytest.mark.slow
+def test_a_step_with_a_graph_break_keeps_its_module_guards() -> None:
+    # Unguarded, the second module would run the first one's resumed graph (scale 2 baked in) in place of its own.
+    x = torch.randn(1, 8)
+    for scale in (2.0, 3.0):
+        module, options = Breaking(scale), latency.compile_options(CPU)
+        with latency.inductor_options(CPU):
+            got = latency.compiled_step(module, CPU, options)(x)
+        assert options["module_guards"] == "kept (graph breaks)"
+        assert torch.allclose(got, module(x), atol=1e-5), scale

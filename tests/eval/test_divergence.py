@@ -1,0 +1,89 @@
+"""Divergence figures against a direct computation on two small models."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quantlab import quantize_
+from quantlab.eval.divergence import compare, reference
+from quantlab.extend import WEIGHT_FORMATS
+from tests.conftest import make_llama
+
+CPU = torch.device("cpu")
+WINDOW = 32
+
+
+def _pair():
+    base = make_llama()
+    variant = copy.deepcopy(base)
+    quantize_(variant, WEIGHT_FORMATS["int4"].build(group_size=32))
+    ids = torch.randint(0, 4096, (WINDOW * 6 + 5,), generator=torch.Generator().manual_seed(1))
+    return base, variant, ids
+
+
+def _direct(base, variant, ids):
+    windows = ids[: ids.numel() // WINDOW * WINDOW].reshape(-1, WINDOW)
+    with torch.no_grad():
+        logp = F.log_softmax(base(windows).logits[:, :-1].float(), -1)
+        logq = F.log_softmax(variant(windows).logits[:, :-1].float(), -1)
+    kl = (logp.exp() * (logp - logq)).sum(-1).reshape(-1)
+    nxt = windows[:, 1:].unsqueeze(-1)
+    tp, tq = logp.gather(-1, nxt).squeeze(-1), logq.gather(-1, nxt).squeeze(-1)
+    return {"kl": kl, "agree": 100 * (logp.argmax(-1) == logq.argmax(-1)).double().mean().item(),
+            "rms": (tq.exp() - tp.exp()).double().pow(2).mean().sqrt().item(),
+            "ppl_p": math.exp(-tp.double().mean().item()), "ppl_q": math.exp(-tq.double().mean().item()),
+            "window_diff": (-tq.double().mean(1)) - (-tp.double().mean(1))}
+
+
+def test_kl_agreement_and_delta_perplexity_equal_a_direct_computation() -> None:
+    base, variant, ids = _pair()
+    direct = _direct(base, variant, ids)
+    ref = reference(base, ids, WINDOW, 4, CPU, top_k=4096)  # every token kept, as float32
+    got = compare(variant, ids, ref, 4, CPU)
+    assert got["scored_tokens"] == 6 * (WINDOW - 1) and got["windows"] == 6
+    assert got["kl_divergence_mean"] == pytest.approx(direct["kl"].double().mean().item(), rel=1e-4)
+    assert got["kl_divergence_max"] == pytest.approx(direct["kl"].max().item(), rel=1e-4)
+    assert got["kl_divergence_median"] == pytest.approx(direct["kl"].double().median().item(), rel=1e-2)
+    assert got["kl_divergence_median"] <= got["kl_divergence_p90"] <= got["kl_divergence_p99"] <= got["kl_divergence_max"]
+    assert got["top1_agreement_percent"] == pytest.approx(direct["agree"])
+    assert got["next_token_prob_rms_diff"] == pytest.approx(direct["rms"], rel=1e-5)
+    assert got["delta_perplexity"] == pytest.approx(direct["ppl_q"] - direct["ppl_p"], rel=1e-6)
+    se = direct["window_diff"].std().item() / math.sqrt(6)
+    mean = direct["window_diff"].mean().item()
+    assert got["delta_perplexity_ci95_low"] == pytest.approx(direct["ppl_p"] * (math.exp(mean - 1.96 * se) - 1), rel=1e-6)
+    assert got["delta_perplexity_ci95_low"] < got["delta_perplexity"] < got["delta_perplexity_ci95_high"]
+
+
+def test_top_k_never_exceeds_the_full_kl_and_the_full_vocabulary_is_within_float16() -> None:
+    base, variant, ids = _pair()
+    full = _direct(base, variant, ids)["kl"].double().mean().item()
+    top = compare(variant, ids, reference(base, ids, WINDOW, 4, CPU, top_k=16), 4, CPU)["kl_divergence_mean"]
+    whole = compare(variant, ids, reference(base, ids, WINDOW, 4, CPU, top_k=None), 4, CPU)["kl_divergence_mean"]
+    assert top <= full * (1 + 1e-6)
+    assert whole == pytest.approx(full, rel=0.05, abs=2e-3)
+
+
+def test_the_baseline_against_itself_is_zero_and_fully_agrees() -> None:
+    base, _, ids = _pair()
+    got = compare(base, ids, reference(base, ids, WINDOW, 4, CPU, top_k=64), 4, CPU)
+    assert got["kl_divergence_mean"] == got["kl_divergence_max"] == 0
+    assert got["top1_agreement_percent"] == 100 and got["delta_perplexity"] == 0
+    assert got["next_token_prob_rms_diff"] == 0
+
+
+@pytest.mark.parametrize("top_k", [64, None])
+def test_a_baseline_against_itself_fully_agrees_where_tokens_tie_for_first(top_k) -> None:
+    """Tokens with equal logits (common in bf16) tie for first: whichever one the baseline kept, it agrees."""
+    base, _, ids = _pair()
+    with torch.no_grad():
+        head = base.get_output_embeddings().weight
+        head[1::2] = head[0::2]  # every token has a twin with the same logit
+    with torch.no_grad():
+        logits = base(ids[:WINDOW].unsqueeze(0)).logits[0].float()
+    top2 = logits.topk(2, dim=-1)
+    assert (top2.values[:, 0] == top2.values[:, 1]).all()  # a tie for first everywhere
+    got = compare(base, ids, reference(base, ids, WINDOW, 4, CPU, top_k=top_k), 4, CPU)
+    assert got["top1_agreement_percent"] == 100
+    assert got["kl_divergence_mean"] == 0 if top_k else got["kl_divergence_mean"] < 1e-3  # float16 storage

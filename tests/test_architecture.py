@@ -1,0 +1,139 @@
+"""The package's import graph, read from the source (ast): no cycles, lazy imports included, and no module
+importing another module's private name."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "quantlab"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+PACKAGES = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """Nodes under ``if TYPE_CHECKING:``, which never run."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(sub) for sub in ast.walk(node))
+    return skip
+
+
+def imports_of(name: str) -> list[tuple[str, str | None]]:
+    """(imported module, imported name or None) for every import statement of module ``name``, at module level or
+    inside a function."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    skip = _type_checking_nodes(tree)
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] == "quantlab"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "quantlab":
+                found += [(target, a.name) for a in node.names]
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules importing it runs: the target, a submodule named in ``from pkg import mod``, and
+    every package ``__init__`` on the way (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__``)."""
+    graph: dict[str, set[str]] = {}
+    for name in MODULES:
+        edges: set[str] = set()
+        for target, imported in imports_of(name):
+            if imported is not None and f"{target}.{imported}" in MODULES:
+                edges.add(f"{target}.{imported}")
+            if target in MODULES:
+                edges.add(target)
+            parts = target.split(".")
+            edges.update(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in PACKAGES)
+        # a module's own ancestors are already running when it is imported
+        graph[name] = {e for e in edges if e != name and not name.startswith(e + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def describe(component: list[str], graph: dict[str, set[str]]) -> str:
+    members = set(component)
+    return "; ".join(f"{a} -> {b}" for a in component for b in sorted(graph[a] & members))
+
+
+def test_the_import_graph_sees_lazy_imports_and_package_inits() -> None:
+    graph = import_graph()
+    assert "quantlab.quant.formats.rtn" in graph["quantlab.quant.formats"]  # from . import rtn
+    assert "quantlab.quant" in graph["quantlab.engine.memory"]  # importing quantlab.quant.linear runs quant/__init__
+    assert "quantlab.report" in graph["quantlab.run.runner"]  # a lazy import inside run_recipe
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, "import cycles: " + " | ".join(describe(c, graph) for c in found)
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    private = [f"{name} imports {imported} from {target}" for name in MODULES for target, imported in imports_of(name)
+               if imported and imported.startswith("_") and not imported.startswith("__") and target != name]
+    assert not private, private
+
+
+def test_the_library_never_imports_the_command_line() -> None:
+    users = sorted(name for name in MODULES for target, _ in imports_of(name) if target == "quantlab.cli")
+    assert users == [], users
+
+
+def test_the_layout_has_its_packages() -> None:
+    for package in ("engine", "eval", "eval.perplexity", "measurements", "quant", "quant.formats", "quant.tensors",
+                    "quant.kernels", "quant.calibrate", "quant.mixed", "quant.io", "run", "kv", "estimate", "report"):
+        assert f"quantlab.{package}" in PACKAGES, package
