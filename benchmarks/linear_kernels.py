@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from quantlab import UnsupportedError, quantize_tensor
-from quantlab.engine.decode import compiled_step, fused_row_linears
+from quantlab.engine.compiled import compiled_step, fused_row_linears
 from quantlab.engine.device import resolve_device, timed_ms
 from quantlab.quant.kernels.base import KERNELS, Kernel, choose_kernel
 

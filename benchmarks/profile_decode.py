@@ -25,6 +25,7 @@ from decode import FORMATS, SHAPES, build
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig
 
+from quantlab.engine import compiled
 from quantlab.engine import decode as latency
 from quantlab.kv import KV_FORMATS
 
@@ -50,7 +51,7 @@ def main() -> None:
                                   args.prompt_tokens + 8 + args.steps,
                                   {"attention": args.attention, "module_guards": args.module_guards,
                                    "half_linears": args.half_linears,
-                                   "inductor": {**latency.compile_options(cpu)["inductor"], **inductor}})
+                                   "inductor": {**compiled.compile_options(cpu)["inductor"], **inductor}})
     with engine:
         gen = engine.generation()
         gen.prefill(torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens)))

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from quantlab import quantize_
+from quantlab.engine import compiled
 from quantlab.engine import decode as latency
 from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
 
@@ -103,8 +104,8 @@ def test_a_step_with_a_graph_break_keeps_its_module_guards() -> None:
     # Unguarded, the second module would run the first one's resumed graph (scale 2 baked in) in place of its own.
     x = torch.randn(1, 8)
     for scale in (2.0, 3.0):
-        module, options = Breaking(scale), latency.compile_options(CPU)
-        with latency.inductor_options(CPU):
-            got = latency.compiled_step(module, CPU, options)(x)
+        module, options = Breaking(scale), compiled.compile_options(CPU)
+        with compiled.inductor_options(CPU):
+            got = compiled.compiled_step(module, CPU, options)(x)
         assert options["module_guards"] == "kept (graph breaks)"
         assert torch.allclose(got, module(x), atol=1e-5), scale
