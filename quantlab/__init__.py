@@ -14,10 +14,8 @@ import torch.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from .errors import QuantlabError, RecipeError, UnsupportedError
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -54,14 +52,4 @@ _LAZY = {
 __all__ = ["QuantlabError", "RecipeError", "UnsupportedError", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'quantlab' has no attribute {name!r}")
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

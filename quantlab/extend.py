@@ -5,8 +5,7 @@ Each registry names what it holds and lists the known names on a miss; a registe
 recipe, the runner, the reports and the CLI without any of them naming it (README: "Adding a ...")."""
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .lazy import lazy_exports
 
 _LAZY = {
     "WEIGHT_FORMATS": "quantlab.quant:WEIGHT_FORMATS", "WeightFormat": "quantlab.quant.format:WeightFormat",
@@ -26,14 +25,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'quantlab.extend' has no attribute {name!r}")
-    module, _, attr = _LAZY[name].partition(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
