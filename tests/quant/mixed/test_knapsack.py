@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from quantlab.quant.mixed.knapsack import InfeasibleBudget, choose
+from quantlab.quant.mixed.knapsack import InfeasibleBudget, choose, choose_greedy
 
 
 def _brute(costs, sizes, budget):
@@ -59,3 +59,27 @@ def test_a_frontier_over_its_cap_rounds_sizes_up_and_stays_within_the_budget() -
     assert exact.exact and not capped.exact and exact.frontier_max > 64
     assert capped.size <= budget
     assert exact.cost <= capped.cost <= exact.cost * 1.05
+
+
+@pytest.mark.parametrize("max_states", [1, 2, 16, 64, 256])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_capped_frontier_always_answers_a_feasible_budget_and_never_worse_than_greedy(max_states: int, seed: int) -> None:
+    rng = random.Random(100 + seed)
+    sizes = [[rng.randint(100, 10_000) for _ in range(3)] for _ in range(60)]
+    costs = [[rng.random() for _ in range(3)] for _ in range(60)]
+    smallest, largest = sum(min(s) for s in sizes), sum(max(s) for s in sizes)
+    for budget in (smallest, smallest + (largest - smallest) // 3, largest):
+        got = choose(costs, sizes, budget, max_states=max_states)
+        greedy = choose_greedy(costs, sizes, budget)
+        exact = choose(costs, sizes, budget)
+        assert got.size == sum(sizes[i][j] for i, j in enumerate(got.options)) <= budget
+        assert exact.cost - 1e-9 <= got.cost <= greedy.cost + 1e-9
+        assert greedy.size <= budget and exact.cost <= greedy.cost + 1e-9
+
+
+def test_greedy_takes_the_best_cost_per_byte_first() -> None:
+    # item 0: 10 bytes more saves 5; item 1: 10 bytes more saves 1; room for one upgrade only
+    got = choose_greedy([[6.0, 1.0], [2.0, 1.0]], [[10, 20], [10, 20]], 30)
+    assert got.options == [1, 0] and got.size == 30 and got.cost == 3.0 and got.method == "greedy"
+    with pytest.raises(InfeasibleBudget):
+        choose_greedy([[1.0]], [[5]], 4)
