@@ -49,7 +49,11 @@ def _report(args: argparse.Namespace) -> int:
 
     if not Path(args.dir).is_dir():
         raise QuantlabError(f"{args.dir}: no such results folder")
-    print(write_report(Path(args.dir), log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr)))
+    try:
+        print(write_report(Path(args.dir), log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr)))
+    except PermissionError as e:
+        raise QuantlabError(f"{args.dir}: cannot write the views there ({e.strerror}: {e.filename}); copy the folder "
+                            "somewhere writable or ask for write permission") from None
     return 0
 
 

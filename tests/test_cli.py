@@ -166,3 +166,70 @@ def test_a_bad_shard_is_one_line_exit_2(tmp_path: Path, shard: str) -> None:
 def test_estimate_notes_positions_beyond_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", str(CONFIGS / "gpt2.json"), "--seq-len", "4096"]) == 0
     assert "4,096 positions exceed the position limit max_position_embeddings = 1,024" in capsys.readouterr().out
+
+
+def _main_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("quantlab: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.mark.parametrize("fields, needles", [
+    ({"weights": [{"format": "int8", "overrides": [{"modules": "*.nothing", "format": "int4"}]}]},
+     ["weights[0].overrides[0].modules: '*.nothing' matches no linear module", "model.layers.0.self_attn.q_proj"]),
+    ({"weights": [{"format": "int4", "exclude": ["*.o_prj"]}]}, ["weights[0].exclude[0]: '*.o_prj' matches no"]),
+    ({"weights": [{"format": "mixed", "candidates": ["int8", {"format": "int4", "group_size": 128}],
+                   "budget_bytes": 1000}]},
+     ["weights[0].budget_bytes: the budget of 1,000 bytes is below the smallest possible total"]),
+    ({"evaluations": {"lm_eval_tasks": [{"task": "stdlib_continuaton", "include_path": "EVALS"}]}},
+     ["evaluations.lm_eval_tasks[0].task: no task 'stdlib_continuaton'", "did you mean 'stdlib_continuation'"]),
+])
+def test_a_recipe_that_cannot_apply_to_its_model_is_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict, needles: list[str]) -> None:
+    if "evaluations" in fields:
+        pytest.importorskip("lm_eval")
+        fields["evaluations"]["lm_eval_tasks"][0]["include_path"] = str(Path(__file__).parents[1] / "evals"
+                                                                         / "stdlib_continuation")
+    path = _recipe(tmp_path, **fields)
+    _main_error(["run", str(path), "--out", str(tmp_path / "out")], capsys, f"{path}: ", *needles)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_key_given_twice_or_a_file_that_is_not_utf8_is_a_one_line_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("name: a\nmodel: {bundled: tiny-stdlib-llama}\nweights: [fp32]\nname: b\n")
+    _main_error(["run", str(twice)], capsys, f"{twice}: line 4: 'name' is given twice in one mapping (lines 1 and 4)")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("name: a\nmodel: {bundled: tiny-stdlib-llama}\nweights:\n  - {format: int4, bits: 4, bits: 3}\n")
+    _main_error(["run", str(nested)], capsys, "line 4: 'bits' is given twice")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    _main_error(["run", str(latin)], capsys, f"{latin}: not UTF-8 text (byte 9")
+
+
+def test_a_report_into_a_folder_it_cannot_write_is_a_one_line_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantlab.report
+
+    def refuse(folder: Path, log=None) -> Path:  # as a read-only folder answers (root is never refused)
+        raise PermissionError(13, "Permission denied", str(folder / "report.md"))
+
+    monkeypatch.setattr(quantlab.report, "write_report", refuse)
+    _main_error(["report", str(tmp_path)], capsys, f"{tmp_path}: cannot write the views there (Permission denied")
+
+
+def test_a_ray_client_address_without_the_client_extra_is_a_one_line_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray")
+    try:
+        import grpc  # noqa: F401  (with Ray's client extra the address would be tried)
+        pytest.skip("Ray's client extra is installed")
+    except ImportError:
+        pass
+    path = _recipe(tmp_path)
+    _main_error(["run", str(path), "--out", str(tmp_path / "out"), "--executor", "ray", "--address",
+                 "ray://127.0.0.1:1"], capsys, "--address ray://127.0.0.1:1: a ray:// address needs Ray's client")
+    assert not (tmp_path / "out").exists()

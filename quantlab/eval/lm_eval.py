@@ -83,3 +83,20 @@ def lm_eval_tasks(model: nn.Module, tokenizer: Any, tasks: list[Any], *, device:
              "samples": results.get("n-samples", {}).get(spec.task, {}).get("effective"),
              "lm_eval_version": getattr(lm_eval, "__version__", "unknown")})
     return out
+
+
+def task_problem(task: str, include_path: str | None) -> str | None:
+    """Why lm-eval cannot run a task of this name (not installed, or no such task, with the nearest names), or
+    None; read from lm-eval's task index before any model is loaded."""
+    import difflib
+
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        return "lm-eval tasks need lm-evaluation-harness: pip install 'quantlab[eval]'"
+    known = TaskManager(include_path=include_path).all_tasks
+    if task in known:
+        return None
+    near = difflib.get_close_matches(task, known, n=3, cutoff=0.6)
+    where = f" in lm-eval's tasks or {include_path}" if include_path else " in lm-eval's tasks"
+    return f"no task '{task}'{where}" + (f"; did you mean {', '.join(repr(n) for n in near)}?" if near else "")

@@ -101,6 +101,20 @@ class WeightFormat(BaseModel):
         """The checkpoint formats a model quantized with this config can be written in (``gptq``: ``save_gptq``)."""
         return ()
 
+    def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
+                    base: torch.dtype) -> tuple[str, str] | None:
+        """``(field, problem)`` when this config cannot apply as written to a model whose linears (the default
+        selection) have these ``(out, in)`` shapes and whose output head is ``head``; checked before a run starts,
+        so a glob that matches nothing is refused instead of labelling a mix that is not there."""
+        names = [*linears, *([head] if head else [])]
+        globs = [(f".{key}[{k}]", p) for key in ("include", "exclude") for k, p in enumerate(getattr(self, key) or ())]
+        globs += [(f".overrides[{k}].modules", p) for k, o in enumerate(self.overrides) for p in o.modules]
+        for where, pattern in globs:
+            if not any(fnmatch(n, pattern) for n in names):
+                return where, (f"'{pattern}' matches no linear module of the model (its names look like "
+                               f"{', '.join(names[:2])}, ..., {names[-1]})" if names else f"'{pattern}' matches nothing")
+        return None
+
     def prepare_model_(self, model: nn.Module) -> None:
         """Whole-model changes made before any module is replaced (e.g. a dtype cast)."""
 

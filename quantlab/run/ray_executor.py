@@ -57,8 +57,14 @@ class RaySweep(Sweep):
     """The local sweep's loop, with ``start`` submitting a Ray task and ``drain`` writing records as they finish."""
 
     @classmethod
-    def check_available(cls) -> None:
+    def check_available(cls, executor: Any) -> None:
         require_ray()
+        if (executor.address or "").startswith("ray://"):
+            try:
+                import grpc  # noqa: F401  (what Ray's client extra brings)
+            except ImportError:
+                raise QuantlabError(f"--address {executor.address}: a ray:// address needs Ray's client: pip install "
+                                    "'ray[client]'") from None
 
     def __init__(self, recipe: Any, folder: Any, sweep: int, log: Any, shard: Any, executor: Any) -> None:
         super().__init__(recipe, folder, sweep, log, shard, executor)
@@ -66,8 +72,14 @@ class RaySweep(Sweep):
         self.running: dict[Any, tuple[Any, Claim, Heartbeat, str]] = {}  # object ref -> (variant, claim, beat, tag)
         self.done = self.failed = 0
         if not self.ray.is_initialized():
-            self.ray.init(address=executor.address, include_dashboard=False, log_to_driver=False,
-                          configure_logging=False)
+            try:
+                self.ray.init(address=executor.address, include_dashboard=False, log_to_driver=False,
+                              configure_logging=False)
+            except ValueError as e:  # e.g. a ray:// address without Ray's client extra
+                raise QuantlabError(f"--address {executor.address}: {first_line(e)}") from None
+            except ConnectionError as e:
+                raise QuantlabError(f"--address {executor.address}: no Ray cluster answers there "
+                                    f"({first_line(e)})") from None
         resources = self.ray.cluster_resources()
         self.log(f"ray: {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs in the cluster")
         gpus = executor.gpus_per_variant

@@ -343,13 +343,40 @@ def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = N
     return recipe
 
 
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the plain loader keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(f"line {line}", f"'{key}' is given twice in one mapping (lines {seen[key]} and "
+                                   f"{line}); keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Read and validate a recipe YAML file."""
     p = Path(path)
     if not p.is_file():
         raise RecipeError(str(p), "", "no such recipe file")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RecipeError(str(p), "", f"not UTF-8 text (byte {e.start}: {e.reason}); save the recipe as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
+    except DuplicateKey as e:
+        raise RecipeError(str(p), e.where, str(e)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""

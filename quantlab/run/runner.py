@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import QuantlabError, RecipeError
 from ..files import MANIFEST_FILE, atomic_write_text
 from ..measurements import enabled_measurements
@@ -30,7 +32,7 @@ def executor_class(recipe: Recipe, executor: ExecutorSpec) -> type[Sweep]:
         cls = EXECUTORS[executor.kind].cls
     except QuantlabError as e:
         raise RecipeError(recipe.source, "executor.kind", str(e)) from None
-    cls.check_available()
+    cls.check_available(executor)
     return cls
 
 
@@ -64,14 +66,44 @@ def _check_lengths(recipe: Recipe, config: Any) -> None:
 
 
 def _check_model(recipe: Recipe) -> None:
-    """Fail before writing anything if the model cannot be found, a KV format does not fit it, or the workload
-    asks for more positions than it has."""
+    """Fail before writing anything if the model cannot be found, a weight or KV format does not fit it, or the
+    workload asks for more positions than it has."""
     config = load_config(recipe.model)
     for i, kv in enumerate(recipe.kv_cache):
         problem = kv.check(config)
         if problem:
             raise RecipeError(recipe.source, f"kv_cache[{i}]", f"{kv.label}: {problem}")
+    _check_weights(recipe, config)
     _check_lengths(recipe, config)
+    _check_tasks(recipe)
+
+
+def _check_tasks(recipe: Recipe) -> None:
+    """Every lm-eval task the recipe names exists (lm-eval's index, and the task's include_path)."""
+    from ..eval.lm_eval import task_problem
+
+    for i, task in enumerate(recipe.evaluations.lm_eval_tasks):
+        problem = task_problem(task.task, task.include_path)
+        if problem:
+            raise RecipeError(recipe.source, f"evaluations.lm_eval_tasks[{i}].task", problem)
+
+
+def _check_weights(recipe: Recipe, config: Any) -> None:
+    """Each weight format against the model's linears, from the config on the meta device (no weights read)."""
+    from ..estimate.inventory import from_implementation
+    from ..models import model_dtype_name
+
+    try:
+        inventory = from_implementation(config)
+    except Exception:  # noqa: BLE001 - an architecture transformers cannot build on meta: checked at run time
+        return
+    linears = {t.name.rsplit(".", 1)[0]: (t.shape[0], t.shape[1]) for t in inventory.tensors if t.quantizable}
+    base = getattr(torch, model_dtype_name(recipe.model, config))
+    for i, weight in enumerate(recipe.weights):
+        problem = weight.check_model(linears, inventory.head_module, base)
+        if problem is not None:
+            where, message = problem
+            raise RecipeError(recipe.source, f"weights[{i}]{where}", message)
 
 
 def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:

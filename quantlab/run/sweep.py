@@ -50,8 +50,9 @@ class Sweep:
     on a Ray cluster."""
 
     @classmethod
-    def check_available(cls) -> None:
-        """Raise a one-line ``QuantlabError`` when this executor cannot run here (a missing optional engine)."""
+    def check_available(cls, executor: ExecutorSpec) -> None:
+        """Raise a one-line ``QuantlabError`` when this executor cannot run here as ``executor`` asks (a missing
+        optional engine), before anything is written."""
 
     def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
                  shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> None:

@@ -5,12 +5,13 @@ import pytest
 
 from quantlab import RecipeError, run_recipe, validate_recipe
 from quantlab.extend import EXECUTORS, Sweep
+from quantlab.run.recipe import ExecutorSpec
 
 
 def test_the_built_in_executors_are_sweeps() -> None:
     assert EXECUTORS.names()[:2] == ["local", "ray"]
     assert all(issubclass(entry.cls, Sweep) for entry in EXECUTORS.entries())
-    EXECUTORS["local"].cls.check_available()  # the local one always can
+    EXECUTORS["local"].cls.check_available(ExecutorSpec())  # the local one always can
 
 
 def test_an_unknown_executor_is_a_recipe_error_naming_the_field_before_anything_is_written(tmp_path: Path) -> None:

@@ -116,6 +116,21 @@ class MixedFormat(WeightFormat):
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return self.candidates[0].unquantized_dtype(base)
 
+    def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
+                    base: torch.dtype) -> tuple[str, str] | None:
+        """Besides the globs: a budget below the smallest possible total is refused before the scan."""
+        problem = super().check_model(linears, head, base)
+        if problem is not None:
+            return problem
+        shapes = [shape for name, shape in linears.items() if self.format_for(name) is not None]
+        budget = self.budget_for(shapes, base)
+        smallest = sum(min(c.linear_weight_bytes(o, i, base) for c in self.candidates) for o, i in shapes)
+        if smallest > budget:
+            which = next(k for k in ("budget_bytes", "bits_per_weight", "budget_format") if getattr(self, k) is not None)
+            return f".{which}", (f"the budget of {budget:,} bytes is below the smallest possible total, {smallest:,} "
+                                 f"bytes (every selected linear in its smallest candidate)")
+        return None
+
     def budget_for(self, shapes: list[tuple[int, int]], base: torch.dtype) -> int:
         """The budget in bytes over linears of these ``(out, in)`` shapes."""
         if self.budget_bytes is not None:
