@@ -17,8 +17,21 @@ class HQQFormat(RTNFormat):
 
     group_size: int | None = Field(default=64, gt=0, description="input columns per scale; null = per output channel")
     zero_point: Literal["int", "float"] = Field("float", description="always float: the zero points HQQ solves")
+    round_zero: bool | None = Field(None, description="start the solve from zero points rounded to codes; default as "
+                                    "HQQLinear's BaseQuantizeConfig sets it (true at 4 bits, false otherwise)")
     solves_zero_points: ClassVar[bool] = True
     example_fields: ClassVar[dict[str, Any] | None] = {"bits": 4, "group_size": 64}
+
+    @property
+    def rounds_zero_points(self) -> bool:
+        return bool(self.round_zero)
+
+    @model_validator(mode="after")
+    def _round_zero_as_hqqlinear(self) -> "HQQFormat":
+        """The library's default resolved into the config, so a record says which was measured."""
+        if self.round_zero is None:
+            object.__setattr__(self, "round_zero", self.bits == 4)
+        return self
 
     @model_validator(mode="after")
     def _hqq_fields(self) -> "HQQFormat":
@@ -30,5 +43,7 @@ class HQQFormat(RTNFormat):
     @property
     def scheme_label(self) -> str:
         parts = [f"hqq{self.bits}", "pc" if self.group_size is None else f"g{self.group_size}"]
+        if self.round_zero != (self.bits == 4):  # not HQQLinear's default for these bits
+            parts.append("rz" if self.round_zero else "norz")
         parts += self.compute_dtype_label()
         return "-".join(parts + ([self.kernel] if self.kernel != "auto" else []))

@@ -87,10 +87,15 @@ class RTNFormat(AffineFormat):
     example_fields: ClassVar[dict[str, Any] | None] = {"bits": 4, "group_size": 32, "kernel": "dequantize+matmul"}
     solves_zero_points: ClassVar[bool] = False  # float zero points refined by HQQ's solve (the hqq format)
 
+    @property
+    def rounds_zero_points(self) -> bool:
+        """Whether float zero points start from a rounded code (hqq's ``round_zero``)."""
+        return False
+
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
         if self.zero_point == "float":
             q = quantize_float_zero(linear_weight(module), self.bits, self.group_size, self.solves_zero_points,
-                                    DTYPES[self.scale_dtype])
+                                    DTYPES[self.scale_dtype], self.rounds_zero_points)
             method = "hqq" if self.solves_zero_points else "rtn"
             return QuantizedLinear.from_linear(module, q, self.kernels, {"method": method})
         q = quantize_tensor(linear_weight(module), self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],

@@ -95,8 +95,9 @@ def optimize_zero(w: torch.Tensor, inv_scale: torch.Tensor, zero: torch.Tensor, 
 
 
 def quantize_float_zero(x: torch.Tensor, bits: int, group_size: int | None = 64, optimize: bool = False,
-                        scale_dtype: torch.dtype = torch.float16) -> FloatZeroTensor:
-    """Round-to-nearest with each group's exact range (``optimize``: then HQQ's zero-point solve) of ``x [out, in]``."""
+                        scale_dtype: torch.dtype = torch.float16, round_zero: bool = False) -> FloatZeroTensor:
+    """Round-to-nearest with each group's exact range (``optimize``: then HQQ's zero-point solve) of ``x [out, in]``;
+    ``round_zero``: the starting zero points rounded to codes first, as the hqq library's ``round_zero``."""
     if x.dim() != 2:
         raise UnsupportedError(f"expected a 2-D tensor, got shape {tuple(x.shape)}")
     check_finite(x)
@@ -105,6 +106,8 @@ def quantize_float_zero(x: torch.Tensor, bits: int, group_size: int | None = 64,
     span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))  # a constant group: codes 0, zero -c, exact
     inv_scale = max_code(bits) / span
     zero = -lo * inv_scale
+    if round_zero:
+        zero = torch.round(zero)
     if optimize:
         q, zero = optimize_zero(w, inv_scale, zero, bits)
     else:

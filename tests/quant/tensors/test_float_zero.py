@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -26,6 +28,33 @@ def test_hqq_equals_the_hqq_librarys_quantizer(bits: int, group_size: int | None
     assert torch.allclose(q.scales, meta["scale"].reshape(q.scales.shape), rtol=1e-6)
     theirs = quantizer.dequantize(codes, meta).reshape(w.shape)
     assert rel_error(q.dequantize(), theirs) < 1e-6
+
+
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 128), (3, 64), (2, 32)])
+def test_the_hqq_format_equals_hqqlinear_with_its_base_quantize_config(bits: int, group_size: int) -> None:
+    """HQQ's standard entry point (round_zero at 4 bits, as BaseQuantizeConfig sets it) gives the same weights."""
+    hqq = pytest.importorskip("hqq.core.quantize")
+    linear = torch.nn.Linear(512, 128, bias=False)
+    linear.weight.data = _weight()
+    theirs = hqq.HQQLinear(copy.deepcopy(linear), quant_config=hqq.BaseQuantizeConfig(nbits=bits, group_size=group_size),
+                           compute_dtype=torch.float32, device="cpu").dequantize()
+    fmt = WEIGHT_FORMATS["hqq"].build(bits=bits, group_size=group_size, scale_dtype="float32")
+    assert fmt.round_zero == (bits == 4)
+    ours = fmt.quantize_module("w", linear).kernel.dequantize(torch.float32)  # the layer the format builds
+    assert rel_error(ours, theirs.reshape(128, 512)) < 1e-6
+    plain = quantize_float_zero(_weight(), bits, group_size, optimize=True, scale_dtype=torch.float32)
+    if bits == 4:  # the unrounded start is another solve (the library's Quantizer with round_zero=False)
+        assert rel_error(plain.dequantize(), theirs.reshape(128, 512)) > 1e-4
+
+
+def test_round_zero_is_a_field_resolved_into_the_config_and_named_when_not_the_librarys_default() -> None:
+    assert WEIGHT_FORMATS["hqq"].build(bits=4).round_zero is True
+    assert WEIGHT_FORMATS["hqq"].build(bits=3).round_zero is False
+    assert WEIGHT_FORMATS["hqq"].build(bits=4).label == "hqq4-g64"
+    assert WEIGHT_FORMATS["hqq"].build(bits=4, round_zero=False).label == "hqq4-g64-norz"
+    assert WEIGHT_FORMATS["hqq"].build(bits=3, round_zero=True).label == "hqq3-g64-rz"
+    dumped = WEIGHT_FORMATS["hqq"].build(bits=4).model_dump(mode="json", exclude_defaults=True)
+    assert dumped["round_zero"] is True  # part of the variant key: a record of the old default is not reused
 
 
 def test_float_zero_points_fit_the_range_and_beat_integer_ones() -> None:
