@@ -1,14 +1,17 @@
 """How far a variant's next-token distributions are from the baseline's, on the same token windows.
 
-The baseline's distributions are computed once (``reference``) and kept as the ``top_k`` largest log-probabilities
-of each position with their token ids and the log of the probability mass outside them (``top_k = None``: the
-whole vocabulary, in float16, whose rounding adds up to about 1e-3 to a KL). A variant is then scored against them (``compare``), per position:
+The baseline's distributions are computed once (``reference``) and kept whole: every position's log-probabilities
+over the whole vocabulary in float32, the dtype the variant's are computed in (``top_k = None``, the default: exact,
+4 bytes per vocabulary entry per scored position). ``top_k = k`` keeps only the k largest with their token ids and
+the log of the mass outside them, an approximation that is opt-in. A variant is then scored against them
+(``compare``), per position:
 
 - KL(baseline ‖ variant) = Σ p (log p − log q). With top-k the tokens outside the baseline's k are merged into
-  one outcome (p_rest, q_rest): by the log-sum inequality this is never above the full-vocabulary KL, and the gap
-  is p_rest times the KL between the two renormalized tails (small where the top k hold most of the mass; the
-  mean p_rest is reported beside it);
-- whether the baseline's most likely token is also the variant's (top-1 agreement; a tie for first counts);
+  one outcome (p_rest, q_rest): by the log-sum inequality this is never above the full-vocabulary KL (a lower
+  bound), and the gap is p_rest times the KL between the two renormalized tails (the mean p_rest is reported
+  beside it);
+- top-1 agreement, under one rule in every mode: a position agrees when some token is most likely under both
+  distributions (the sets of tokens tied for first overlap; bf16 logits tie often);
 - the difference in the probability of the token that actually comes next (its RMS over positions);
 - and per window the mean negative log-likelihood, from which Δ perplexity and a 95% interval over the paired
   per-window differences follow (windows of equal length: perplexity = exp of the mean of window means).
@@ -30,7 +33,7 @@ from ..progress import progress
 class Reference:
     """The baseline's next-token distributions at every scored position of the windows."""
 
-    top_logprobs: torch.Tensor  # [positions, k] float32, largest first; the whole vocabulary: float16, in id order
+    top_logprobs: torch.Tensor  # [positions, k] float32, largest first; the whole vocabulary: float32, in id order
     top_ids: torch.Tensor | None  # [positions, k] int32, None when the whole vocabulary is kept
     rest_logmass: torch.Tensor  # [positions] float32: log of the mass outside the k (-inf for the whole vocabulary)
     target_logprobs: torch.Tensor  # [positions] float32: log p(the token that comes next)
@@ -74,7 +77,7 @@ def reference(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_siz
         nll.append((-target).double().mean(dim=1).cpu())
         flat = logp.reshape(-1, logp.shape[-1])
         if top_k is None:
-            tops.append(flat.half().cpu())
+            tops.append(flat.cpu())
             rest.append(torch.full((flat.shape[0],), -math.inf))
         else:
             values, ids_k = flat.topk(min(top_k, flat.shape[-1]), dim=-1)
@@ -84,6 +87,14 @@ def reference(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_siz
             rest.append(torch.log1p(-kept.exp().clamp(max=1 - 1e-7)).cpu())
     return Reference(torch.cat(tops), torch.cat(idx) if idx else None, torch.cat(rest), torch.cat(targets),
                      torch.cat(nll), window_tokens)
+
+
+def top1_agree(logp: torch.Tensor, logq_at: torch.Tensor, logq_max: torch.Tensor) -> torch.Tensor:
+    """Per position: whether some token is most likely under both distributions. ``logp`` holds the baseline's
+    log-probabilities (the whole vocabulary, or its top k, which hold every token tied for its first), ``logq_at``
+    the variant's at the same tokens and ``logq_max`` the variant's largest over the whole vocabulary."""
+    base_first = logp == logp.max(-1, keepdim=True).values
+    return (base_first & (logq_at == logq_max.unsqueeze(-1))).any(-1)
 
 
 def _quantiles(x: torch.Tensor) -> dict[str, float]:
@@ -102,18 +113,16 @@ def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int
         offset += flat.shape[0]
         logp = ref.top_logprobs[rows].to(flat.device).float()
         if ref.top_ids is None:
+            logq_at = flat
             kl = (logp.exp() * (logp - flat)).sum(-1)
-            base_top1 = logp.argmax(-1)
         else:
             top_ids = ref.top_ids[rows].to(flat.device).long()
-            logq_top = flat.gather(-1, top_ids)
+            logq_at = flat.gather(-1, top_ids)
             rest_p = ref.rest_logmass[rows].to(flat.device)
-            rest_q = torch.log1p(-torch.logsumexp(logq_top, dim=-1).exp().clamp(max=1 - 1e-7))
-            kl = (logp.exp() * (logp - logq_top)).sum(-1) + rest_p.exp() * (rest_p - rest_q)
-            base_top1 = top_ids[:, 0]
+            rest_q = torch.log1p(-torch.logsumexp(logq_at, dim=-1).exp().clamp(max=1 - 1e-7))
+            kl = (logp.exp() * (logp - logq_at)).sum(-1) + rest_p.exp() * (rest_p - rest_q)
         kls.append(kl.clamp(min=0).cpu())
-        # the baseline's top token is one of the variant's most likely (ties, common in bf16 logits, agree)
-        agree.append((flat.gather(-1, base_top1.unsqueeze(-1)).squeeze(-1) >= flat.max(-1).values).cpu())
+        agree.append(top1_agree(logp, logq_at, flat.max(-1).values).cpu())
         target = flat.gather(-1, nxt.reshape(-1, 1)).squeeze(-1)
         dprob.append((target.exp() - ref.target_logprobs[rows].to(flat.device).exp()).cpu())
         nll.append((-target).double().reshape(nxt.shape).mean(dim=1).cpu())

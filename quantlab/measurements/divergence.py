@@ -107,9 +107,10 @@ class Divergence(Measurement):
         p = row.get("divergence_protocol")
         if not p:
             return None
-        kept = "the whole vocabulary" if p["top_k"] is None else (
-            f"the top {p['top_k']} tokens plus one bucket for the rest (mean baseline mass outside them "
-            f"{p['baseline_rest_mass_mean']:.2e}; merging can only lower KL)")
+        kept = "the whole vocabulary (exact)" if p["top_k"] is None else (
+            f"the top {p['top_k']} tokens plus one bucket for the rest, so every KL figure is a LOWER BOUND (mean "
+            f"baseline mass outside the top {p['top_k']}: {p['baseline_rest_mass_mean']:.2e})")
         return (f"KL(baseline ‖ variant) per position against {p['baseline']} over {p['scored_tokens']} tokens in "
-                f"{p['windows']} windows of {p['window_tokens']} ({p['text']}), from {kept}; Δ perplexity with a "
-                "95% interval from the per-window paired differences.")
+                f"{p['windows']} windows of {p['window_tokens']} ({p['text']}), from {kept}; top-1 agreement: some "
+                "token is most likely under both (ties for first overlap); Δ perplexity with a 95% interval from the "
+                "per-window paired differences.")

@@ -83,8 +83,9 @@ class LMEvalTask(Strict):
 class DivergenceEval(Strict):
     """Next-token distributions against the baseline variant's, on disjoint windows of the perplexity text."""
 
-    top_k: int | None = Field(128, ge=1, description="baseline log-probabilities kept per position (the rest as "
-                              "one bucket); null: the whole vocabulary")
+    top_k: int | None = Field(None, ge=1, description="null (default): the baseline's whole vocabulary, exact; k: only "
+                              "its k largest log-probabilities per position and the rest as one bucket, a lower bound "
+                              "of the KL that keeps k / vocabulary of the bytes")
     window_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
     max_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
     batch_size: int = Field(4, ge=1, description="windows per forward pass")
