@@ -130,6 +130,9 @@ def load_config(spec: ModelSpec) -> Any:
         if spec.gguf_file:
             kwargs["gguf_file"] = spec.gguf_file
         return AutoConfig.from_pretrained(where, trust_remote_code=spec.trust_remote_code, **kwargs)
+    except ImportError as e:  # transformers' optional readers (a GGUF file needs the gguf package)
+        extra = " (pip install 'quantlab[gguf]')" if spec.gguf_file or "gguf" in str(e).lower() else ""
+        raise QuantlabError(f"cannot load the model config from {where}: {first_line(e)}{extra}") from None
     except (OSError, ValueError) as e:
         first = first_line(e)
         raise QuantlabError(f"cannot load the model config from {where}: {first}") from None
