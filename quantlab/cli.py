@@ -72,9 +72,13 @@ def _sensitivity(args: argparse.Namespace) -> int:
     if args.format:
         formats = [resolve_format(WEIGHT_FORMATS, parse_format_spec(f), "--format", f) for f in args.format]
     else:
-        formats = [w for w in recipe.weights if w != recipe.baseline_variant.weight][:1]
+        from .run.sensitivity import beside_baseline
+
+        formats = beside_baseline(recipe)[:1]
         if not formats:
-            raise QuantlabError(f"{args.recipe}: no weight format besides the baseline; name one with --format")
+            raise QuantlabError(f"{args.recipe}: no weight format of the recipe keeps the baseline's compute dtype and "
+                                "module selection (sensitivity swaps one group at a time into the baseline); name one "
+                                "with --format, e.g. --format int4:group_size=128")
     if args.max_tokens < 2:
         raise QuantlabError("--max-tokens must be at least 2")
     from .run.sensitivity import run_sensitivity
@@ -183,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measure only shard I of N (0 <= I < N) of the variants, by a stable hash of each variant's "
                      "config: N array jobs into one shared --out cover every variant once")
     run.set_defaults(func=_run)
-    report = sub.add_parser("report", help="rebuild report.md and results.csv from results.jsonl",
-                            description="Rebuild the report of a finished or interrupted run from its results.jsonl.")
+    report = sub.add_parser("report", help="rebuild the views (reports, tables, results.jsonl) from records/",
+                            description="Rebuild the report and tables of a finished or interrupted run from its "
+                            "records/ (a folder written before records is read from its results.jsonl).")
     report.add_argument("dir", help="a run's output folder")
     report.set_defaults(func=_report)
     compare = sub.add_parser("compare", help="one report across runs, variants aligned by label",

@@ -99,6 +99,22 @@ def _earlier_rows(path: Path, stamp: dict[str, Any], log: Callable[[str], None])
     return [row for row in rows if row.get("stamp") == stamp]
 
 
+def _fits_beside(fmt: WeightFormat, baseline: WeightFormat, base: Any) -> bool:
+    """Whether ``fmt``'s linears can be swapped into the baseline one group at a time: the same compute dtype and
+    the default module selection."""
+    return fmt.unquantized_dtype(base) == baseline.unquantized_dtype(base) and fmt.is_plain
+
+
+def beside_baseline(recipe: Any) -> list[WeightFormat]:
+    """The recipe's weight formats (besides the baseline) that a sensitivity scan can put beside the baseline."""
+    from ..dtypes import DTYPES
+    from ..models import load_config, model_dtype_name
+
+    baseline = recipe.baseline_variant.weight
+    base = DTYPES[model_dtype_name(recipe.model, load_config(recipe.model))]
+    return [w for w in recipe.weights if w != baseline and _fits_beside(w, baseline, base)]
+
+
 def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granularity, out: Path, max_tokens: int,
                     log: Callable[[str], None]) -> list[dict[str, Any]]:
     from ..dtypes import DTYPES
@@ -112,7 +128,7 @@ def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granu
     baseline = recipe.baseline_variant.weight
     base = DTYPES[model_dtype_name(recipe.model, load_config(recipe.model))]  # the dtype the model loads in
     for f in formats:
-        if f.unquantized_dtype(base) != baseline.unquantized_dtype(base) or not f.is_plain:
+        if not _fits_beside(f, baseline, base):
             raise QuantlabError(f"{recipe.source}: sensitivity puts {f.label} beside the baseline {baseline.label}: "
                                 "it needs the baseline's compute dtype and no include, exclude or overrides")
     loaded, applied = load_baseline(recipe, resolve_device(recipe.device))

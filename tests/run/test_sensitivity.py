@@ -123,3 +123,13 @@ def test_a_format_that_keeps_the_models_dtype_sits_beside_a_cast_baseline(tmp_pa
     path = _recipe(tmp_path, model={"bundled": "tiny-stdlib-llama", "dtype": "bfloat16"}, weights=["bf16", "int8"])
     assert main(["sensitivity", str(path), "--max-tokens", "128", "--out", str(tmp_path / "out")]) == 0
     assert len(_rows(tmp_path / "out")) == 6
+
+
+def test_the_default_format_is_the_first_that_fits_beside_the_baseline() -> None:
+    from quantlab import load_recipe
+    from quantlab.run.sensitivity import beside_baseline
+
+    root = Path(__file__).resolve().parents[2] / "recipes"
+    assert beside_baseline(load_recipe(root / "quickstart.yaml")) == []  # every format there computes in bf16
+    assert [f.label for f in beside_baseline(load_recipe(root / "mixed-precision.yaml"))][:1] == ["int8-pc-asym"]
+    assert main(["sensitivity", str(root / "quickstart.yaml")]) == 2

@@ -15,6 +15,7 @@ from .rtn import RTNFormat
 class HQQFormat(RTNFormat):
     """Integer codes with a float zero point per group, the zero points refined by HQQ's proximal solver."""
 
+    bits: int = Field(4, ge=2, le=8, description="code width (default 4, as HQQ's BaseQuantizeConfig)")
     group_size: int | None = Field(default=64, gt=0, description="input columns per scale; null = per output channel")
     zero_point: Literal["int", "float"] = Field("float", description="always float: the zero points HQQ solves")
     round_zero: bool | None = Field(None, description="start the solve from zero points rounded to codes; default as "

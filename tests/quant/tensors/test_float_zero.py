@@ -48,6 +48,7 @@ def test_the_hqq_format_equals_hqqlinear_with_its_base_quantize_config(bits: int
 
 
 def test_round_zero_is_a_field_resolved_into_the_config_and_named_when_not_the_librarys_default() -> None:
+    assert WEIGHT_FORMATS["hqq"].build() == WEIGHT_FORMATS["hqq"].build(bits=4)  # HQQ's own default width
     assert WEIGHT_FORMATS["hqq"].build(bits=4).round_zero is True
     assert WEIGHT_FORMATS["hqq"].build(bits=3).round_zero is False
     assert WEIGHT_FORMATS["hqq"].build(bits=4).label == "hqq4-g64"
