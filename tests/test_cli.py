@@ -233,3 +233,20 @@ def test_a_ray_client_address_without_the_client_extra_is_a_one_line_error(
     _main_error(["run", str(path), "--out", str(tmp_path / "out"), "--executor", "ray", "--address",
                  "ray://127.0.0.1:1"], capsys, "--address ray://127.0.0.1:1: a ray:// address needs Ray's client")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_json_that_is_no_model_config_is_refused_by_estimate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"hello": "world", "layers": "many"}))
+    _main_error(["estimate", str(odd), "--seq-len", "128"], capsys, f"{odd}: no model fields")
+
+
+def test_cuda_on_a_machine_without_one_is_refused_naming_the_field_and_leaves_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    path = _recipe(tmp_path, device="cuda")
+    _main_error(["run", str(path), "--out", str(tmp_path / "out")], capsys, f"{path}: device: cuda, but torch sees no CUDA")
+    assert not (tmp_path / "out").exists()

@@ -183,6 +183,9 @@ def estimate_from_raw(
     says where a given ``dtype`` came from, for the evidence table."""
     config = config_object(raw)
     arch = read_architecture(raw, config)
+    if arch.hidden_size is None and arch.num_hidden_layers is None and arch.num_attention_heads is None:
+        raise QuantlabError(f"{where}: no model fields (a hidden size, a layer count, attention heads) under any name "
+                            "quantlab reads; is it a model's config.json?")
     if seq_len is None:
         if arch.max_position_embeddings is None:
             raise QuantlabError(f"{where}: no position limit to default to; give --seq-len")

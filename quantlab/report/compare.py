@@ -199,6 +199,11 @@ def compare_runs(dirs: list[Path], out_dir: Path, log: Callable[[str], None] | N
     for d in dirs:
         if not Path(d).is_dir():
             raise QuantlabError(f"{d}: no such results folder")
+    seen: set[Path] = set()
+    for d in dirs:
+        if Path(d).resolve() in seen and log is not None:
+            log(f"warning: {d} is given twice: its runs are compared with themselves")
+        seen.add(Path(d).resolve())
     runs = load_runs(dirs)
     run_names = list(dict.fromkeys(runs["run"]))
     table = aligned(runs)

@@ -47,11 +47,19 @@ class Workload(Strict):
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
     engine: Literal["eager", "compiled"] = Field("eager", description="compiled: static cache + torch.compile")
 
-    @field_validator("batch_size", "prompt_tokens")
+    @field_validator("batch_size", "prompt_tokens", mode="before")
     @classmethod
-    def _positive(cls, v: int | list[int]) -> int | list[int]:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("Input should be greater than or equal to 1")
+    def _positive(cls, v: Any) -> Any:
+        """One positive integer or a non-empty list of them; a bad element is named by its place."""
+        values = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list; give one value or a list of them")
+        for i, x in enumerate(values):
+            where = f"element {i} ({x!r})" if isinstance(v, list) else repr(x)
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise ValueError(f"{where} is not a whole number")
+            if x < 1:
+                raise ValueError(f"{where} is below 1")
         return v
 
     def points(self) -> list[tuple[int, int]]:

@@ -68,6 +68,8 @@ def _check_lengths(recipe: Recipe, config: Any) -> None:
 def _check_model(recipe: Recipe) -> None:
     """Fail before writing anything if the model cannot be found, a weight or KV format does not fit it, or the
     workload asks for more positions than it has."""
+    if recipe.device == "cuda" and not torch.cuda.is_available():
+        raise RecipeError(recipe.source, "device", "cuda, but torch sees no CUDA device here; use auto or cpu")
     config = load_config(recipe.model)
     for i, kv in enumerate(recipe.kv_cache):
         problem = kv.check(config)

@@ -57,3 +57,12 @@ def test_compare_needs_two_existing_runs(tmp_path: Path) -> None:
 
         compare_runs([tmp_path], tmp_path / "out")
     assert main(["compare", str(tmp_path / "x"), str(tmp_path / "y")]) == 2
+
+
+def test_a_folder_given_twice_is_compared_with_a_warning(tmp_path: Path) -> None:
+    from quantlab.report.compare import compare_runs
+
+    a, _ = _two_runs(tmp_path)
+    said: list[str] = []
+    compare_runs([a, a], tmp_path / "cmp", log=said.append)
+    assert any(line.startswith("warning: ") and "given twice" in line for line in said)

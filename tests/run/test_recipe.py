@@ -58,7 +58,11 @@ def test_bad_field_value_names_the_path_and_value(tmp_path: Path) -> None:
     e = _error(tmp_path, {**GOOD, "weights": [{"format": "int4", "group_size": 100}]})
     assert e.field == "weights[0]" and "power of two" in e.message
     e = _error(tmp_path, {**GOOD, "workload": {"batch_size": 0}})
-    assert e.field == "workload.batch_size" and "greater than or equal to 1" in e.message and "(got 0)" in e.message
+    assert e.field == "workload.batch_size" and "0 is below 1" in e.message and "(got 0)" in e.message
+    e = _error(tmp_path, {**GOOD, "workload": {"batch_size": [1, 0]}})
+    assert e.field == "workload.batch_size" and e.message.startswith("element 1 (0) is below 1")
+    e = _error(tmp_path, {**GOOD, "workload": {"prompt_tokens": [64, "x"]}})
+    assert e.field == "workload.prompt_tokens" and e.message.startswith("element 1 ('x') is not a whole number")
 
 
 def test_fixed_field_of_a_preset(tmp_path: Path) -> None:
