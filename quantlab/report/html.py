@@ -14,7 +14,7 @@ from .text import how_obtained, machines_note, software_line
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0;font-size:13px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}
+.scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;margin:.5em 0;font-size:13px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}
 th{background:#f4f4f4}td.l,th.l{text-align:left}tr.failed td{background:#fdecea}tr.base td{background:#eef6fb}
 .front{font-weight:600}.note{color:#555;font-size:12.5px}figure{margin:1em 0}figcaption{color:#555;font-size:12.5px}
 .banner{background:#fff4d6;border:1px solid #e5c100;padding:.5em 1em}code{background:#f4f4f4;padding:0 3px}
@@ -32,7 +32,7 @@ def html_table(header: list[str], rows: list[tuple[list[str], str]], left: int =
     for row_cells, cls in rows:
         tds = "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>" for i, c in enumerate(row_cells))
         body.append(f'<tr class="{cls}">{tds}</tr>')
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
 
 
 def _divergence_figure(frame: pd.DataFrame, baseline: str) -> list[str]:

@@ -25,6 +25,31 @@ def to_svg(fig: Any) -> str:
     return text[text.index("<svg"):]
 
 
+LABEL_OFFSETS = [(4, 3), (4, -10), (-4, 3), (-4, -10), (4, 13), (4, -20), (-4, 13), (-4, -20), (4, 23), (4, -30),
+                 (-4, 23), (-4, -30)]  # points; a negative x offset puts the label's right end at the point
+
+
+def place_labels(ax: Any, points: list[tuple[float, float, str]]) -> list[Any]:
+    """Annotate each ``(x, y, text)`` beside its point where it stays on the figure and overlaps no label placed
+    before it (trying ``LABEL_OFFSETS`` in turn; the last one if every place is taken). Returns the labels' boxes
+    in display units."""
+    ax.figure.canvas.draw()  # settle the axes' limits, which place the points on the page
+    renderer = ax.figure.canvas.get_renderer()
+    page = ax.figure.bbox
+    placed: list[Any] = []
+    for x, y, text in sorted(points, key=lambda p: (p[0], p[1])):
+        for dx, dy in LABEL_OFFSETS:
+            note = ax.annotate(text, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points",
+                               ha="left" if dx >= 0 else "right", annotation_clip=False)
+            box = note.get_window_extent(renderer)
+            inside = page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+            if (inside and not any(box.overlaps(other) for other in placed)) or (dx, dy) == LABEL_OFFSETS[-1]:
+                placed.append(box)
+                break
+            note.remove()
+    return placed
+
+
 def pareto_plot(frame: pd.DataFrame, baseline: str, metric: str = "perplexity", ylabel: str = "perplexity") -> str | None:
     """Perplexity (or another loss ``metric``) against weight + KV bytes, the Pareto front joined and ringed."""
     if not has_metric(frame, metric):
@@ -44,8 +69,7 @@ def pareto_plot(frame: pd.DataFrame, baseline: str, metric: str = "perplexity", 
         at: dict[tuple[float, float], list[str]] = {}  # variants at the same point share one label
         for label, a, b in zip(ok["variant"], x, y):
             at.setdefault((round(a, 3), round(b, 3)), []).append(label + (" (baseline)" if label == baseline else ""))
-        for (a, b), labels in at.items():
-            ax.annotate(", ".join(labels), (a, b), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        place_labels(ax, [(a, b, ", ".join(labels)) for (a, b), labels in at.items()])
         ax.set_xlabel("weights + KV cache, MiB (measured)")
         ax.set_ylabel(ylabel)
         ax.legend(frameon=False, fontsize=8)

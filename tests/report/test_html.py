@@ -71,3 +71,9 @@ def test_lm_eval_task_metrics_appear_with_deltas_in_both_reports(tmp_path: Path)
     assert "## lm-eval tasks" in md and "| int2 | 0.4430 | -0.0510 |" in md
     page = (run / "report.html").read_text()
     assert "<h2>lm-eval tasks</h2>" in page and "-0.0510" in page and "40 samples, lm-eval 0.4.13" in page
+
+
+def test_every_table_scrolls_sideways_instead_of_being_clipped(hand_run: Path) -> None:
+    page = (write_report(hand_run).parent / "report.html").read_text()
+    assert page.count("<table") >= 3 and page.count('<div class="scroll"><table') == page.count("<table")
+    assert ".scroll{overflow-x:auto" in page
