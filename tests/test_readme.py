@@ -37,3 +37,19 @@ def test_the_quickstart_writes_only_git_ignored_files() -> None:
     for name in ("records/0123456789abcdef.json", "claims/k.0.json", "report.md", "results.jsonl", "manifest.json"):
         ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/{name}"], cwd=ROOT)
         assert ignored.returncode == 0, name
+
+
+@pytest.mark.slow
+def test_the_library_example_runs_as_written(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    block = re.search(r"## The library\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block is not None
+    script = tmp_path / "example.py"
+    script.write_text(block.group(1))
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (ROOT / "reports" / "gptq-example" / "quantize_config.json").is_file()
