@@ -183,6 +183,8 @@ def _main_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: s
     ({"weights": [{"format": "mixed", "candidates": ["int8", {"format": "int4", "group_size": 128}],
                    "budget_bytes": 1000}]},
      ["weights[0].budget_bytes: the budget of 1,000 bytes is below the smallest possible total"]),
+    ({"kv_cache": ["native", {"format": "int4", "group_size": 32, "residual_tokens": 1000}]},
+     ["kv_cache[1].residual_tokens: 1000 recent positions kept in full precision, but the run holds at most 10"]),
     ({"evaluations": {"lm_eval_tasks": [{"task": "stdlib_continuaton", "include_path": "EVALS"}]}},
      ["evaluations.lm_eval_tasks[0].task: no task 'stdlib_continuaton'", "did you mean 'stdlib_continuation'"]),
 ])

@@ -26,6 +26,16 @@ class KVFormat(BaseModel):
         """Why this format cannot serve a model of this config (checked before a run starts), or None."""
         return None
 
+    def check_positions(self, positions: int) -> tuple[str, str] | None:
+        """``(field, problem)`` when a cache holding at most ``positions`` positions (the run's longest generation
+        or cache-read window) would store none of them in this format, or None."""
+        residual = getattr(self, "residual_tokens", None)
+        if isinstance(residual, int) and residual >= positions:
+            return ".residual_tokens", (f"{residual} recent positions kept in full precision, but the run holds at most "
+                                        f"{positions}: nothing would be stored as {self.label}; use fewer than "
+                                        f"{positions}")
+        return None
+
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         """A fresh, empty cache for one generation with a model of this config; with ``max_cache_len``,
         a static one of that length (for compiled decoding)."""

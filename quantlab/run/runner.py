@@ -77,7 +77,21 @@ def _check_model(recipe: Recipe) -> None:
             raise RecipeError(recipe.source, f"kv_cache[{i}]", f"{kv.label}: {problem}")
     _check_weights(recipe, config)
     _check_lengths(recipe, config)
+    _check_kv_positions(recipe)
     _check_tasks(recipe)
+
+
+def _check_kv_positions(recipe: Recipe) -> None:
+    """A KV format whose full-precision residual covers every position the run puts in a cache is refused."""
+    positions = max(p for _, p in recipe.workload.points()) + recipe.workload.new_tokens
+    ppl = recipe.evaluations.perplexity
+    if ppl is not None and ppl.reads_kv_cache:
+        positions = max(positions, ppl.window_tokens)
+    for i, kv in enumerate(recipe.kv_cache):
+        problem = kv.check_positions(positions)
+        if problem is not None:
+            where, message = problem
+            raise RecipeError(recipe.source, f"kv_cache[{i}]{where}", message)
 
 
 def _check_tasks(recipe: Recipe) -> None:
