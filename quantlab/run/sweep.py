@@ -6,13 +6,16 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 from ..engine.bandwidth import copy_bandwidth_bytes_per_s
 from ..engine.device import resolve_device
 from ..measurements import Measurement, all_measurements
+from ..progress import LINE_PREFIX
 from .claims import Claim, Claims, Heartbeat
 from .fingerprint import fingerprint_id, machine_fingerprint
 from .recipe import ExecutorSpec, Recipe, Variant
@@ -23,25 +26,50 @@ from .views import flat_row
 Log = Callable[[str], None]
 
 
-def measure_in_subprocess(recipe: Recipe, index: int, run_folder: Path) -> dict[str, Any]:
-    """The variant measured in a fresh worker process (``isolation: process``); a crash or time-out is a failed record."""
+def measure_in_subprocess(recipe: Recipe, index: int, run_folder: Path, log: Log | None = None) -> dict[str, Any]:
+    """The variant measured in a fresh worker process (``isolation: process``); a crash or time-out is a failed
+    record. Off a terminal the worker's stderr is read as it comes: its progress lines go to ``log`` and its last
+    lines are kept for the error (on a terminal its progress bars show through)."""
     variant = recipe.variants()[index]
     with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
         spec, out = Path(tmp) / "recipe.json", Path(tmp) / "record.json"
         spec.write_text(json.dumps(recipe.to_spec()))
-        # On a terminal the worker's progress bars show through; otherwise its stderr is kept for the error line.
-        stderr = None if sys.stderr.isatty() else subprocess.PIPE
+        piped = not sys.stderr.isatty()
+        proc = subprocess.Popen([sys.executable, "-m", "quantlab.run.worker", str(spec), str(index), str(out),
+                                 str(run_folder)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE if piped else None, text=True)
+        tail: deque[str] = deque(maxlen=20)
+        reader = threading.Thread(target=_read_stderr, args=(proc, tail, log), daemon=True) if piped else None
+        if reader is not None:
+            reader.start()
         try:
-            proc = subprocess.run([sys.executable, "-m", "quantlab.run.worker", str(spec), str(index), str(out),
-                                   str(run_folder)],
-                                  stdout=subprocess.DEVNULL, stderr=stderr, text=True, timeout=recipe.variant_timeout_s)
-        except subprocess.TimeoutExpired:  # run() has killed the worker
+            proc.wait(timeout=recipe.variant_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
             return failed_record(recipe, variant, f"timed out after {recipe.variant_timeout_s:g} s (variant_timeout_s)")
+        except BaseException:  # interrupted: the worker goes with this process
+            proc.kill()
+            raise
+        finally:
+            if reader is not None:
+                reader.join(timeout=10)
         if out.is_file():
             return json.loads(out.read_text())
-        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+        lines = [ln for ln in tail if ln.strip()]
         why = lines[-1] if lines else ("killed (out of memory?)" if proc.returncode in (-9, 137) else "see the log above")
         return failed_record(recipe, variant, f"worker exited with code {proc.returncode}: {why}")
+
+
+def _read_stderr(proc: subprocess.Popen, tail: "deque[str]", log: Log | None) -> None:
+    """Forward a worker's progress lines to ``log``; keep its other last lines in ``tail``."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        line = line.rstrip("\n")
+        if line.startswith(LINE_PREFIX) and log is not None:
+            log(line.removeprefix("quantlab: "))
+        else:
+            tail.append(line)
 
 
 class Sweep:
@@ -76,7 +104,8 @@ class Sweep:
                 self.bandwidth = copy_bandwidth_bytes_per_s(device)
                 self.log(f"memory bandwidth (copy): {self.bandwidth / 1e9:.1f} GB/s")
             with Heartbeat(claim):
-                body = (measure_in_subprocess(self.recipe, index, self.folder.path) if self.recipe.isolation == "process"
+                body = (measure_in_subprocess(self.recipe, index, self.folder.path, self.log)
+                        if self.recipe.isolation == "process"
                         else measure_variant_safely(self.recipe, variant, self.folder.path))
             self.record(tag, finish_record(body, self.sweep, self.bandwidth, copy_bandwidth_bytes_per_s(device)))
         finally:

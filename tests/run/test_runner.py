@@ -117,6 +117,20 @@ def test_a_variant_past_its_time_limit_is_stopped_and_recorded(small_model_dir: 
     assert "timed out after 0.2 s" in (out / "report.md").read_text()
 
 
+def test_a_workers_progress_reaches_the_log_and_its_last_line_the_error(small_model_dir: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTLAB_PROGRESS_INTERVAL_S", "0")  # a line per step (default: at most one per 30 s)
+    unsupported = {"format": "int4", "group_size": 16, "compute_dtype": "bfloat16", "kernel": "int4pack_mm_cpu"}
+    spec = {**_small_recipe(small_model_dir, ["fp32", unsupported]), "isolation": "process",
+            "workload": {"batch_size": 1, "prompt_tokens": [4, 8], "new_tokens": 2, "warmup_runs": 0,
+                         "prefill_repeats": 1}}
+    said: list[str] = []
+    out = run_recipe(validate_recipe(spec), tmp_path / "out", log=said.append)
+    assert any(line.startswith("progress: decode points (batch, prompt): 1/2 after") for line in said), said
+    failed = [r for r in read_jsonl(out / "results.jsonl") if r["status"] == "failed"]
+    assert len(failed) == 1 and "does not support 4-bit group 16" in failed[0]["error"]
+
+
 def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
