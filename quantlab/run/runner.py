@@ -65,7 +65,7 @@ def _check_lengths(recipe: Recipe, config: Any) -> None:
                           f"{recipe.calibration.seq_len} exceeds the model's position limit {limit} ({source})")
 
 
-def _check_model(recipe: Recipe) -> None:
+def check_against_model(recipe: Recipe) -> None:
     """Fail before writing anything if the model cannot be found, a weight or KV format does not fit it, or the
     workload asks for more positions than it has."""
     if recipe.device == "cuda" and not torch.cuda.is_available():
@@ -147,7 +147,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     out_dir = Path(out_dir or Path("reports") / recipe.name)
     executor = executor or recipe.executor
     sweep_class = executor_class(recipe, executor)  # an unknown or missing engine: an error before anything is written
-    _check_model(recipe)
+    check_against_model(recipe)
     folder = RunFolder(out_dir)
     folder.check_writable()
     folder.convert_legacy(log)

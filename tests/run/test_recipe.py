@@ -122,7 +122,12 @@ def test_shipped_recipes_validate() -> None:
             with pytest.raises(RecipeError, match=f"no installed package '{package}'"):
                 load_recipe(path)
             continue
-        assert load_recipe(path).variants()
+        recipe = load_recipe(path)
+        assert recipe.variants()
+        if recipe.model.bundled:  # and pass the checks a run makes against the model before any work
+            from quantlab.run.runner import check_against_model
+
+            check_against_model(recipe)
 
 
 MIXED = {"format": "int4", "group_size": 128, "exclude": ["*.o_proj"],
