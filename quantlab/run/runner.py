@@ -105,16 +105,16 @@ def _check_tasks(recipe: Recipe) -> None:
 
 
 def _check_weights(recipe: Recipe, config: Any) -> None:
-    """Each weight format against the model's linears, from the config on the meta device (no weights read)."""
-    from ..estimate.inventory import from_implementation
+    """Each weight format against the model's linears, from the config's estimate (meta device, no weights read)."""
+    from ..dtypes import DTYPES
     from ..models import model_dtype_name
 
-    try:
-        inventory = from_implementation(config)
-    except Exception:  # noqa: BLE001 - an architecture transformers cannot build on meta: checked at run time
+    estimate = config_estimate(recipe.model)  # the run's own estimate (cached): its inventory, not a second one
+    inventory = estimate.inventory if estimate is not None else None
+    if inventory is None:  # an architecture that cannot be built on meta: checked at run time
         return
     linears = {t.name.rsplit(".", 1)[0]: (t.shape[0], t.shape[1]) for t in inventory.tensors if t.quantizable}
-    base = getattr(torch, model_dtype_name(recipe.model, config))
+    base = DTYPES[model_dtype_name(recipe.model, config)]
     for i, weight in enumerate(recipe.weights):
         problem = weight.check_model(linears, inventory.head_module, base)
         if problem is not None:
