@@ -1,7 +1,9 @@
 """What a variant's measurements share: the loaded, quantized model and one generation per decode point."""
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -13,7 +15,7 @@ import torch
 from ..data import load_text
 from ..engine.decode import DecodeResult, measure_decode
 from ..engine.memory import rss_bytes
-from ..errors import QuantlabError
+from ..errors import QuantlabError, first_line
 from ..models import LoadedModel, load_config, load_model, model_dtype_name, model_location
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
@@ -63,6 +65,57 @@ def _config_estimate(spec_json: str) -> Any | None:
         return None
 
 
+SHARED_WEIGHTS = "weights"  # run-folder subfolder: calibrated weight formats, solved once for all their variants
+
+
+def shared_weights_path(recipe: Any, variant: Any, device: torch.device, run_folder: Path | None) -> Path | None:
+    """Where the quantized model of ``variant``'s weight format is kept for the run's other variants that take
+    the same format (its other KV formats): only for formats that calibrate (a solve is never repeated), and
+    not for models placed across devices by accelerate. None: quantize in place, keep nothing."""
+    weight = variant.weight
+    if run_folder is None or not weight.needs_calibration or recipe.model.device_map:
+        return None
+    if sum(v.weight == weight for v in recipe.variants()) < 2:
+        return None
+    from ..quant.format import format_entry
+
+    key = json.dumps({"model": recipe.model.model_dump(mode="json"), "weight": format_entry(weight),
+                      "calibration": recipe.calibration.model_dump(mode="json"), "seed": recipe.seed,
+                      "device": device.type}, sort_keys=True)
+    return run_folder / SHARED_WEIGHTS / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+
+
+def save_shared_weights(path: Path, model: torch.nn.Module, report: QuantizeReport, quantize_s: float,
+                        variant: str) -> bool:
+    """Keep a quantized model for the run's other variants (atomically); False when the model cannot be saved
+    (then each variant quantizes its own)."""
+    from ..files import atomic_write
+
+    try:
+        atomic_write(path, lambda tmp: torch.save({"model": model, "report": report, "quantize_s": quantize_s,
+                                                   "variant": variant}, tmp))
+        return True
+    except Exception as e:  # noqa: BLE001 - e.g. a kernel holding something that does not pickle
+        print(f"quantized weights not kept for reuse ({type(e).__name__}: {first_line(e)})", file=sys.stderr)
+        return False
+
+
+def load_shared_weights(path: Path, device: torch.device) -> dict[str, Any] | None:
+    """A quantized model an earlier variant of this run kept, or None (absent, or unreadable: quantize again)."""
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location=device, weights_only=False)  # written by this run folder's own runs
+    except Exception as e:  # noqa: BLE001
+        print(f"{path}: kept weights unreadable, quantizing again ({type(e).__name__}: {first_line(e)})",
+              file=sys.stderr)
+        return None
+
+
+def _relative(path: Path, folder: Path | None) -> str:
+    return str(path.relative_to(folder)) if folder is not None else str(path)
+
+
 @dataclass
 class VariantContext:
     """One variant being measured in this process."""
@@ -75,6 +128,7 @@ class VariantContext:
     quantize_report: QuantizeReport | None = None
     quantize_s: float = 0.0
     rss_before_load_bytes: int = 0
+    weights_source: dict[str, Any] = field(default_factory=dict)  # quantized here, or reused from the run folder
     _generations: dict[tuple[int, int], DecodeResult] = field(default_factory=dict)
 
     @property
@@ -86,10 +140,22 @@ class VariantContext:
         self.rss_before_load_bytes = rss_bytes()
         start = time.perf_counter()
         self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
+        path = shared_weights_path(self.recipe, self.variant, self.device, self.run_folder)
+        saved = load_shared_weights(path, self.device) if path is not None else None
+        if saved is not None:  # another variant of this run solved the same weight format: reuse it
+            self.loaded.model, self.quantize_report = saved["model"], saved["report"]
+            self.quantize_s = round(time.perf_counter() - start, 3)
+            self.weights_source = {"reused": _relative(path, self.run_folder), "quantize_s": saved["quantize_s"],
+                                   "by_variant": saved["variant"]}
+            return
         weight = self.variant.weight
         calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
         self.quantize_report = quantize_(self.loaded.model, weight, calibration)
         self.quantize_s = round(time.perf_counter() - start, 3)
+        self.weights_source = {"quantized": "here"}
+        if path is not None and save_shared_weights(path, self.loaded.model, self.quantize_report, self.quantize_s,
+                                                    self.variant.label):
+            self.weights_source["saved"] = _relative(path, self.run_folder)
 
     def generation(self, batch_size: int, prompt_tokens: int) -> DecodeResult:
         """The timed generation at one (batch, prompt) point, run once and shared by the point measurements."""

@@ -25,6 +25,7 @@ class WeightBytes(Result):
     quantized_modules: int
     kernel_path: str
     quantize_s: float
+    weights_source: dict[str, Any] | None = None  # {"quantized": "here"[, "saved": ...]} or {"reused": ..., ...}
     device_map: dict[str, str] | None = None  # accelerate's placement, when the recipe gave model.device_map
     weight_bytes_by_device: dict[str, int] | None = None  # held per device, and offloaded to cpu or disk
 
@@ -72,7 +73,8 @@ class Weights(Measurement):
             **{f"weight_bytes_{k}": v for k, v in components.items()},
             decode_weight_bytes_read=decode_weight_bytes_read(model),
             quantized_modules=len(ctx.quantize_report.replaced), kernel_path=kernel_paths(model),
-            quantize_s=ctx.quantize_s, **_placement(model))
+            quantize_s=ctx.quantize_s, weights_source=ctx.weights_source or None,
+            **_placement(model))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         return ("measured: bytes of every parameter and buffer the model holds after quantization (packed codes, "

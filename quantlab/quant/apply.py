@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fnmatch import fnmatch
 from typing import Any
 
 import torch
@@ -28,14 +27,9 @@ def default_exclude(model: nn.Module) -> list[str]:
 
 
 def head_format(fmt: WeightFormat, head: str) -> WeightFormat | None:
-    """The format an override gives the output head ``head`` (a module name), or None: the head is kept.
-
-    The default selection leaves the head out; an override whose globs match it takes it in (as GPTQModel's
-    ``lm_head`` option and llama.cpp's quantized output matrix do); ``quantize_`` refuses a calibrated one.
-    """
-    if not any(fnmatch(head, p) for o in fmt.overrides for p in o.modules):
-        return None
-    return fmt.format_for(head)  # the format's include / exclude still apply
+    """The format ``fmt`` gives the output head ``head`` (a module name), or None: the head is kept
+    (``WeightFormat.head_format``); ``quantize_`` refuses one that would calibrate it."""
+    return fmt.head_format(head)
 
 
 def select_linears(model: nn.Module) -> tuple[list[str], list[str]]:
@@ -70,7 +64,7 @@ def quantize_(
     selected, kept = select_linears(model)
     for head in default_exclude(model):
         found = head_format(fmt, head) if head in kept else None
-        if found is not None and found.requires_calibration:
+        if found is not None and found.calibrates_head:
             raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")
         if found is not None:
             kept.remove(head)

@@ -85,6 +85,21 @@ class WeightFormat(BaseModel):
             return None
         return next((o.format for o in self.overrides if any(fnmatch(name, p) for p in o.modules)), self)
 
+    def head_format(self, head: str) -> "WeightFormat | None":
+        """The format the output head ``head`` (a module name) takes, or None: it is kept.
+
+        The default selection leaves the head out; an override whose globs match it takes it in (as GPTQModel's
+        ``lm_head`` option and llama.cpp's quantized output matrix do).
+        """
+        if not any(fnmatch(head, p) for o in self.overrides for p in o.modules):
+            return None
+        return self.format_for(head)  # the format's include / exclude still apply
+
+    @property
+    def calibrates_head(self) -> bool:
+        """Whether taking the output head in would calibrate it (refused: the head takes uncalibrated formats)."""
+        return self.requires_calibration
+
     @model_validator(mode="after")
     def _overrides_are_plain(self) -> "WeightFormat":
         for o in self.overrides:

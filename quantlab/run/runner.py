@@ -134,6 +134,19 @@ def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
     }
 
 
+def _drop_shared_weights(out_dir: Path, log: Log) -> None:
+    """Every variant is recorded: the quantized weights kept for reuse between them go (they can be large)."""
+    import shutil
+
+    from ..measurements.context import SHARED_WEIGHTS
+
+    kept = out_dir / SHARED_WEIGHTS
+    if kept.is_dir():
+        freed = sum(f.stat().st_size for f in kept.glob("*.pt"))
+        shutil.rmtree(kept, ignore_errors=True)
+        log(f"removed the quantized weights kept for reuse between variants ({freed / 2**20:.1f} MiB)")
+
+
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
                shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
@@ -158,6 +171,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     share.run()
     if share.all_recorded():
         folder.complete_sweep(sweep)
+        _drop_shared_weights(out_dir, log)
     else:
         log(f"shard {shard[0]}/{shard[1]} done; other shards' variants are still missing (quantlab report {out_dir} "
             "once every shard has finished)" if shard else "some variants are still missing")

@@ -23,6 +23,7 @@ from ..errors import QuantlabError
 from ..files import atomic_write_text, read_jsonl
 from ..quant import WeightFormat
 from ..quant.mixed.groups import Granularity, ModuleGroup, group_linears
+from ..quant.mixed.sensitivity import SCAN_TOP_K
 
 ROWS_FILE = "sensitivity.jsonl"
 
@@ -80,7 +81,9 @@ def write_tables(out: Path, table: list[dict[str, Any]], formats: list[str], gra
     lines = [f"# Sensitivity to {', '.join(formats)} ({granularity})", "",
              "Each row: only this group in this format, everything else as the baseline "
              f"({stamp['baseline']}); most sensitive first. Scored on {stamp['scored_tokens']:,} tokens of "
-             f"{stamp['text']} (sha256 {stamp['text_sha256'][:12]}) in windows of {stamp['window_tokens']}.", "",
+             f"{stamp['text']} (sha256 {stamp['text_sha256'][:12]}) in windows of {stamp['window_tokens']}. A ranking: "
+             f"KL from the baseline's top {SCAN_TOP_K} tokens plus one bucket for the rest, so each figure is a lower "
+             "bound (the variants' own divergence, in a run's report, is exact).", "",
              "| rank | group | format | mean KL | KL p99 | top-1 same % | Δppl |", "|---|---|---|---|---|---|---|"]
     for i, r in enumerate(table, 1):
         lines.append(f"| {i} | {r['group']} | {r['format']} | {r['kl_divergence_mean']:.5f} | {r['kl_divergence_p99']:.4f} | "

@@ -5,11 +5,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from quantlab import run_recipe, validate_recipe
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.files import read_jsonl
 
+CPU = torch.device("cpu")
 WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1}
 
 
@@ -405,3 +407,26 @@ def test_two_concurrent_runs_share_the_variants_and_measure_each_once(small_mode
     assert not (out / "records" / "replaced").exists()  # nobody rewrote anybody's record
     assert len(list((out / "sweeps").glob("*.json"))) == 1  # both filled one sweep
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
+
+
+def test_a_calibrated_format_is_solved_once_for_all_its_kv_formats(tmp_path: Path) -> None:
+    """GPTQ paired with two KV formats: the first variant solves and keeps the model in the run folder, the second
+    (another worker process) loads it; the weights are the same, and the kept copy goes when the run completes."""
+    from quantlab.measurements.context import shared_weights_path
+
+    spec = {"name": "solve-once", "model": {"bundled": "tiny-stdlib-llama"},
+            "weights": [{"format": "gptq", "bits": 4, "group_size": 128}],
+            "kv_cache": ["native", {"format": "int8", "group_size": 32, "residual_tokens": 0}],
+            "workload": WORKLOAD, "evaluations": {"perplexity": {"window_tokens": 128, "max_tokens": 512}},
+            "calibration": {"samples": 4, "seq_len": 128}, "device": "cpu"}
+    uncalibrated = validate_recipe({**spec, "weights": ["int8"]})
+    assert shared_weights_path(uncalibrated, uncalibrated.variants()[0], CPU, tmp_path) is None  # nothing to solve
+    recipe = validate_recipe(spec)
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = read_jsonl(out / "results.jsonl")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    sources = sorted((r["weights_source"] for r in rows), key=lambda s: "reused" in s)
+    assert sources[0]["quantized"] == "here" and sources[0]["saved"].startswith("weights/")
+    assert sources[1]["reused"] == sources[0]["saved"] and sources[1]["by_variant"] in {r["variant"] for r in rows}
+    assert rows[0]["weight_bytes"] == rows[1]["weight_bytes"] and rows[0]["perplexity"] == rows[1]["perplexity"]
+    assert not (out / "weights").exists()

@@ -27,6 +27,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 from torch import nn
 
 from ...errors import QuantlabError
+from ..apply import default_exclude
 from ..format import WEIGHT_FORMATS, Calibration, WeightFormat, build_format, format_entry
 from ..linear import linear_weight
 from .groups import Granularity, ModuleGroup, group_linears
@@ -53,6 +54,9 @@ class MixedFormat(WeightFormat):
     sensitivity_path: str | None = Field(None, description="CSV of divergences per group and candidate: read when "
                                          "it exists, else measured and written there")
     scan_tokens: int = Field(2048, ge=2, description="calibration tokens the sensitivity scan scores")
+    head: bool = Field(False, description="the output head joins the choice as a group of its own: in a candidate "
+                       "that needs no calibration, or kept as it is (kept, a tied head costs nothing beyond the "
+                       "embedding table the lookup needs anyway; quantized, it takes a copy of its own)")
 
     @field_validator("candidates", mode="before")
     @classmethod
@@ -79,6 +83,9 @@ class MixedFormat(WeightFormat):
             raise ValueError("give exactly one of budget_bytes, bits_per_weight, budget_format")
         if self.overrides:
             raise ValueError("mixed chooses each module's format itself: use include/exclude, not overrides")
+        if self.head and all(c.requires_calibration for c in self.candidates):
+            raise ValueError("head: the output head takes only formats without calibration data, and every "
+                             "candidate needs it")
         labels = [c.scheme_label for c in self.candidates]
         if len(set(labels)) != len(labels):
             raise ValueError(f"candidates repeat a format: {', '.join(labels)}")
@@ -107,7 +114,21 @@ class MixedFormat(WeightFormat):
     @property
     def scheme_label(self) -> str:
         by = "" if self.granularity == "module" else f"-by-{self.granularity}"
-        return f"mixed:{self.budget_label}{by}[{','.join(c.scheme_label for c in self.candidates)}]"
+        head = "+head" if self.head else ""
+        return f"mixed:{self.budget_label}{by}{head}[{','.join(c.scheme_label for c in self.candidates)}]"
+
+    def head_format(self, head: str) -> WeightFormat | None:
+        return self if self.head and self.format_for(head) is not None else None
+
+    @property
+    def calibrates_head(self) -> bool:
+        return False  # the head's options are the candidates without calibration, and keeping it
+
+    def options_for(self, group: ModuleGroup, heads: set[str]) -> list[int]:
+        """Indices of the candidates ``group`` may take (the head: those without calibration)."""
+        if heads & set(group.modules):
+            return [j for j, c in enumerate(self.candidates) if not c.requires_calibration]
+        return list(range(len(self.candidates)))
 
     def prepare_model_(self, model: nn.Module) -> None:
         for c in self.candidates:
@@ -139,8 +160,10 @@ class MixedFormat(WeightFormat):
             return math.floor(self.bits_per_weight * sum(o * i for o, i in shapes) / 8)
         return sum(self.budget_format.linear_weight_bytes(o, i, base) for o, i in shapes)  # type: ignore[union-attr]
 
-    def sensitivity(self, model: nn.Module, groups: list[ModuleGroup], calibration: Calibration | None) -> dict[tuple[str, str], float]:
-        """Mean KL per (group name, candidate label): read from ``sensitivity_path``, or scanned (and written there)."""
+    def sensitivity(self, model: nn.Module, groups: list[ModuleGroup], calibration: Calibration | None,
+                    heads: set[str] = frozenset()) -> dict[tuple[str, str], float]:
+        """Mean KL per (group name, candidate label): read from ``sensitivity_path``, or scanned (and written there).
+        A group holding the output head (``heads``) is measured in the candidates it may take only."""
         import pandas as pd
 
         path = Path(self.sensitivity_path) if self.sensitivity_path else None
@@ -157,14 +180,16 @@ class MixedFormat(WeightFormat):
             if calibration is None or not len(calibration):
                 raise QuantlabError(f"weight format {self.label} scans sensitivity on calibration text: give calibration")
             samples = scan_samples(calibration, self.scan_tokens)
-            table = pd.DataFrame(scan(model, groups, list(self.candidates), samples, calibration))
+            barred = {(g.name, c.scheme_label) for g in groups for j, c in enumerate(self.candidates)
+                      if j not in self.options_for(g, heads)}
+            table = pd.DataFrame(scan(model, groups, list(self.candidates), samples, calibration, done=barred))
             if path is not None:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(path, table.to_csv(index=False))
         found = {(str(r.group), str(r.format)): float(r.kl_divergence_mean) for r in table.itertuples()
                  if not pd.isna(r.kl_divergence_mean)}
         for g in groups:
-            for c in self.candidates:
+            for c in (self.candidates[j] for j in self.options_for(g, heads)):
                 if (g.name, c.scheme_label) not in found:
                     raise QuantlabError(f"{path}: no divergence for {g.name} in {c.scheme_label} (the table has "
                                         f"{', '.join(sorted(set(table['format'].astype(str))))}; granularity "
@@ -174,24 +199,42 @@ class MixedFormat(WeightFormat):
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         if not selected:
             return {}
+        heads = set(default_exclude(model)) & set(selected)
         groups = group_linears(model, selected, self.granularity)
         shapes = {n: tuple(linear_weight(model.get_submodule(n)).shape) for n in selected}
         base = linear_weight(model.get_submodule(selected[0])).dtype
-        sizes = [[sum(c.linear_weight_bytes(*shapes[n], base) for n in g.modules) for c in self.candidates]
-                 for g in groups]
-        table = self.sensitivity(model, groups, calibration)
-        costs = [[table[(g.name, c.scheme_label)] for c in self.candidates] for g in groups]
+        table = self.sensitivity(model, groups, calibration, heads)
+        options = [self.options_for(g, heads) for g in groups]
+        sizes = [[sum(self.candidates[j].linear_weight_bytes(*shapes[n], base) for n in g.modules) for j in opts]
+                 for g, opts in zip(groups, options)]
+        costs = [[table[(g.name, self.candidates[j].scheme_label)] for j in opts] for g, opts in zip(groups, options)]
+        for k, g in enumerate(groups):
+            if heads & set(g.modules):  # keeping the head is one more option, at no divergence
+                options[k].append(-1)
+                sizes[k].append(sum(_kept_head_bytes(model, n, base) for n in g.modules))
+                costs[k].append(0.0)
         budget = self.budget_for([shapes[n] for g in groups for n in g.modules], base)
         try:
             choice = choose(costs, sizes, budget)
         except InfeasibleBudget as e:
             raise QuantlabError(f"weight format {self.label}: {e} bytes (all in the smallest candidates)") from None
         assigned: dict[int, list[str]] = {}
-        for g, option in zip(groups, choice.options):
-            assigned.setdefault(option, []).extend(g.modules)
+        for g, opts, pick in zip(groups, options, choice.options):
+            if opts[pick] >= 0:
+                assigned.setdefault(opts[pick], []).extend(g.modules)
         details: dict[str, Any] = {}
         for option in sorted(assigned, key=lambda o: self.candidates[o].needs_calibration):  # calibrated ones last
             fmt = self.candidates[option]
             found = fmt.apply_(model, assigned[option], calibration)
             details.update({n: {**d, "format": fmt.scheme_label} for n, d in found.items()})
         return details
+
+
+def _kept_head_bytes(model: nn.Module, name: str, base: torch.dtype) -> int:
+    """Bytes an unquantized output head adds: none when tied to the input embedding (the lookup keeps the table)."""
+    weight = linear_weight(model.get_submodule(name))
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embedding is not None and getattr(embedding, "weight", None) is not None \
+            and embedding.weight.data_ptr() == weight.data_ptr():
+        return 0
+    return weight.numel() * torch.empty((), dtype=base).element_size()

@@ -1,5 +1,6 @@
 """Groups of a model's linears, as sensitivity tables and mixed precision see them: a decoder layer, a module
-type across layers, or one module."""
+type across layers, or one module (a linear outside the decoder layers, such as the output head, is always a
+group of its own at layer granularity)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ def group_linears(model: nn.Module, names: list[str], granularity: Granularity) 
         return [ModuleGroup(n, (n,), (n,), layer_of(n), kind_of(n), layer_of(n)) for n in names]
     if granularity == "module-type":
         kinds = dict.fromkeys(kind_of(n) for n in names)
-        return [ModuleGroup(k, (f"*.{k}",), members, None, k, first(members))
+        return [ModuleGroup(k, (k, f"*.{k}"), members, None, k, first(members))
                 for k in kinds if (members := tuple(n for n in names if kind_of(n) == k))]
     indices = sorted({i for n in names if (i := layer_of(n)) is not None})
-    return [ModuleGroup(f"layer {i}", (f"{prefix}{i}.*",), tuple(n for n in names if layer_of(n) == i), i, None, i)
-            for i in indices]
+    layers = [ModuleGroup(f"layer {i}", (f"{prefix}{i}.*",), tuple(n for n in names if layer_of(n) == i), i, None, i)
+              for i in indices]
+    outside = [ModuleGroup(n, (n,), (n,), None, kind_of(n), None) for n in names if layer_of(n) is None]
+    return layers + outside  # a linear outside the decoder layers (the output head) is a group of its own

@@ -94,9 +94,12 @@ def scan_samples(calibration: Calibration, tokens: int) -> list[torch.Tensor]:
     return calibration.samples[:max(1, math.ceil(tokens / window))]
 
 
+SCAN_TOP_K = 128  # the scan ranks groups: KL from the baseline's top 128 tokens + a bucket (a lower bound)
+
+
 @torch.no_grad()
 def scan(model: nn.Module, groups: list[ModuleGroup], candidates: list[WeightFormat], samples: list[torch.Tensor],
-         calibration: Calibration | None, batch_size: int = 4, top_k: int = 128,
+         calibration: Calibration | None, batch_size: int = 4, top_k: int = SCAN_TOP_K,
          done: set[tuple[str, str]] = frozenset(), on_row: Callable[[dict[str, Any]], None] | None = None,
          ) -> list[dict[str, Any]]:
     """One row per (group, candidate): the divergence of the model with only that group in that format.

@@ -1,5 +1,6 @@
 """Budgeted mixed precision: the budget holds, the choice beats the uniform format, tables are reused."""
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,41 @@ def test_at_the_bytes_of_int4_g128_the_mix_diverges_less_than_int4_g128_on_the_b
     (uniform_bytes, uniform_kl), (mixed_bytes, mixed_kl) = results["int4-g128-asym"], results["mixed"]
     assert mixed_bytes <= uniform_bytes
     assert mixed_kl < 0.9 * uniform_kl
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_output_head_joins_the_choice_and_keeping_a_tied_one_costs_nothing(tied: bool) -> None:
+    fmt = _mixed(bits_per_weight=4.5, scan_tokens=128, head=True, granularity="layer",
+                 candidates=[INT8, INT4, {"format": "gptq", "bits": 4, "group_size": 64}])
+    assert fmt.label.startswith("mixed:4.5bpw-by-layer+head[") and not fmt.calibrates_head
+    model = make_llama(tie_word_embeddings=tied)
+    head = model.get_output_embeddings()
+    body = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    budget = math.floor(4.5 * (body + head.weight.numel()) / 8)
+    report = quantize_(model, fmt, _random_calibration())
+    quantized_head = "lm_head" in report.replaced
+    if quantized_head:  # never in the calibrated candidate
+        assert report.details["lm_head"]["format"] in {"int8-pc-asym", "int4-g128-asym"}
+    linear_bytes = weight_bytes_by_component(model)["quantized_linear"]
+    kept_bytes = 0 if tied or quantized_head else head.weight.numel() * 4
+    assert linear_bytes + kept_bytes <= budget
+    if tied:  # the head's share of the budget buys more bits for the body: every body linear in int8
+        assert not quantized_head
+        assert {d["format"] for d in report.details.values()} == {"int8-pc-asym"}
+
+
+def test_the_head_needs_a_candidate_without_calibration() -> None:
+    with pytest.raises(Exception, match="head: the output head takes only formats without calibration"):
+        _mixed(bits_per_weight=4, head=True, candidates=[{"format": "gptq", "bits": 4}, {"format": "gptq", "bits": 3}])
+
+
+def test_at_layer_granularity_the_head_is_a_group_of_its_own() -> None:
+    from quantlab.quant.mixed.groups import group_linears
+
+    model = make_llama()
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    groups = group_linears(model, names, "layer")
+    assert [g.name for g in groups] == ["layer 0", "layer 1", "lm_head"]
+    assert groups[-1].modules == ("lm_head",) and groups[-1].first_layer is None
+    kinds = {g.name: g.patterns for g in group_linears(model, names, "module-type")}
+    assert "lm_head" in kinds["lm_head"]
