@@ -89,6 +89,12 @@ class Measurement:
         """One sentence: how the figures of the first measured row were obtained (None: nothing to say)."""
         return None
 
+    def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:
+        """Whether the row's figures of this measurement went through its KV cache. None: the figures do not
+        judge quality (bytes, timings); False: a quality figure the KV format cannot change (the views then leave
+        it out for rows whose KV format is not the baseline's, instead of repeating the twin's figure)."""
+        return None
+
     def alert(self, row: dict[str, Any]) -> str | None:
         """A line for the run's log when a just-measured row (point-scope: a decode point) calls for attention."""
         return None

@@ -103,6 +103,9 @@ class Divergence(Measurement):
                     "text": text.source, "text_sha256": text.sha256}
         return DivergenceResult(**figures, divergence_protocol=protocol)
 
+    def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:
+        return False  # whole windows through the model, no cache
+
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         p = row.get("divergence_protocol")
         if not p:

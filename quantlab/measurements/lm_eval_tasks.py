@@ -61,6 +61,9 @@ class LMEvalTasks(Measurement):
                         names.append(key)
         return [Column(n, n.removeprefix("lm_eval_"), ".4f", compare="delta") for n in names]
 
+    def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:
+        return False  # whole windows through the model, no cache
+
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         tasks = row.get("lm_eval_tasks") or []
         if not tasks:

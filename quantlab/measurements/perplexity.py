@@ -40,6 +40,10 @@ class Perplexity(Measurement):
         ids, text = scored_text(spec.text, ctx.loaded.tokenizer, spec.max_tokens)
         return PerplexityResult(**spec.run(ctx.model, ctx.loaded.tokenizer, ids, text, ctx.variant.kv, ctx.device))
 
+    def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:
+        name = (row.get("perplexity_protocol") or {}).get("name")
+        return bool(PERPLEXITY_PROTOCOLS[name].cls.reads_kv_cache) if name in PERPLEXITY_PROTOCOLS else None
+
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         proto = row.get("perplexity_protocol")
         return f"token perplexity, protocol {protocol_summary(proto)}." if proto else None

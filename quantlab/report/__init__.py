@@ -12,7 +12,7 @@ from ..errors import QuantlabError
 from ..files import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text
 from ..measurements import all_measurements
 from ..run.records import RunFolder
-from ..run.views import IDENTITY, RUN_FIELDS, flat_row
+from ..run.views import IDENTITY, RUN_FIELDS, flat_row, leave_out_unread_kv
 from .html import render_html
 from .markdown import render
 from .table import compared_columns, comparison, flatten, points_frame
@@ -34,6 +34,7 @@ def load_rows(out_dir: Path, log: Callable[[str], None] | None = None) -> tuple[
         raise QuantlabError(f"{folder.records_dir}: no results to report")
     manifest["complete"] = all(k in records for k in order)
     manifest.setdefault("baseline", rows[0]["variant"])
+    leave_out_unread_kv(rows, manifest["baseline"])
     return rows, manifest
 
 

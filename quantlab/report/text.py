@@ -17,6 +17,18 @@ def machines_note(rows: list[dict[str, Any]]) -> list[str]:
             "peak memory compare only within one machine."]
 
 
+def kv_unread_note(rows: list[dict[str, Any]]) -> list[str]:
+    """A line naming the rows whose quality figures were left out because they did not read their KV cache."""
+    left = [(r["variant"], r["kv_cache_not_read_by"]) for r in rows if r.get("kv_cache_not_read_by")]
+    if not left:
+        return []
+    names = sorted({n for _, ns in left for n in ns})
+    return ["", f"**Quality not measured through the KV cache** for {', '.join(v for v, _ in left)}: "
+            f"{' and '.join(names)} ran without the cache, so their figures would repeat the same weights' with "
+            "the baseline's cache; left out (—) and off the Pareto front. A perplexity protocol that reads the cache "
+            "(`protocol: kv-chunked`) measures them."]
+
+
 def software_line(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     env = first_ok(rows).get("environment") or manifest.get("environment", {})
     return (f"Python {env.get('python')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "

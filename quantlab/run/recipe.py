@@ -27,7 +27,7 @@ from pydantic import (
 from ..data import BUILTIN_TEXTS, TextSource
 from ..errors import QuantlabError, RecipeError
 from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol
-from ..eval.perplexity.base import DEFAULT_PROTOCOL
+from ..eval.perplexity.base import DEFAULT_KV_PROTOCOL, DEFAULT_PROTOCOL
 from ..kv import KV_FORMATS, KVFormat
 from ..models import ModelSpec, Strict
 from ..quant import WEIGHT_FORMATS, WeightFormat
@@ -341,7 +341,9 @@ def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = N
     _resolve_formats(data, "kv_cache", KV_FORMATS, file)
     evaluations = data.get("evaluations")
     if isinstance(evaluations, dict) and isinstance(evaluations.get("perplexity"), dict):
-        entry = {"protocol": DEFAULT_PROTOCOL, **evaluations["perplexity"]}
+        kv = [KV_FORMATS.canonical_name(k) for k in data.get("kv_cache") or []]
+        compares_kv = any(name != "native" for name in kv)  # quality must then read the cache, unless told not to
+        entry = {"protocol": DEFAULT_KV_PROTOCOL if compares_kv else DEFAULT_PROTOCOL, **evaluations["perplexity"]}
         evaluations["perplexity"] = resolve_format(PERPLEXITY_PROTOCOLS, entry, file, "evaluations.perplexity", "protocol")
     try:
         recipe = Recipe.model_validate(data)

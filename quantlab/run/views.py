@@ -60,6 +60,29 @@ def flat_row(record: dict[str, Any], where: str = "record") -> dict[str, Any]:
     return row
 
 
+def leave_out_unread_kv(rows: list[dict[str, Any]], baseline: str) -> None:
+    """Quality figures that did not go through a row's KV cache (``Measurement.reads_kv_cache`` False) are
+    left out of rows whose KV format is not the baseline's: they would repeat the twin's figure with the
+    baseline's cache. Such a row lists the measurements in ``kv_cache_not_read_by`` (its record keeps them)."""
+    base_kv = next((r.get("kv_format") for r in rows if r.get("variant") == baseline), None)
+    if base_kv is None:
+        return
+    for row in rows:
+        if row.get("status") != "ok" or row.get("kv_format") == base_kv:
+            continue
+        left_out = []
+        for name, m in all_measurements():
+            shown = {f for c in m.columns_for(rows) for f in (c.field, *(c.spread or ()))}
+            numbers = {f for f in m.result.model_fields if isinstance(row.get(f), (int, float))}
+            fields = sorted(f for f in shown | numbers if row.get(f) is not None)
+            if fields and m.reads_kv_cache(row) is False:
+                left_out.append(name)
+                for f in fields:
+                    row[f] = None
+        if left_out:
+            row["kv_cache_not_read_by"] = left_out
+
+
 def record_from_flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """A record from a row of a results.jsonl written before per-variant records. Its machine is known only by
     host name and device, so its fingerprint never matches: it is shown, and measured again by the next run."""

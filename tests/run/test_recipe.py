@@ -159,3 +159,19 @@ def test_override_errors_name_the_entry(tmp_path: Path) -> None:
     assert "weights[0].overrides" in str(e)
     e = _error(tmp_path, {**GOOD, "weights": [{**MIXED, "overrides": [{"modules": "*.x", "format": "bf16"}]}]})
     assert "weights[0]" in str(e) and "compute_dtype" in str(e)
+
+
+def test_perplexity_reads_the_kv_cache_by_default_when_a_recipe_compares_kv_formats() -> None:
+    from quantlab import validate_recipe
+
+    spec = {"name": "kv", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"],
+            "evaluations": {"perplexity": {"window_tokens": 256}}}
+    for kv, expected in ((None, "windows"), (["native"], "windows"), (["native", "fp8"], "kv-chunked"),
+                         ([{"format": "int4", "group_size": 32}], "kv-chunked")):
+        recipe = validate_recipe({**spec, **({"kv_cache": kv} if kv else {})})
+        assert recipe.evaluations.perplexity.name == expected
+        assert validate_recipe(recipe.to_spec()).evaluations.perplexity.name == expected  # what workers read
+    explicit = validate_recipe({**spec, "kv_cache": ["native", "fp8"],
+                                "evaluations": {"perplexity": {"protocol": "windows", "window_tokens": 256}}})
+    assert explicit.evaluations.perplexity.name == "windows"  # the opt-out
+    assert validate_recipe(explicit.to_spec()).evaluations.perplexity.name == "windows"

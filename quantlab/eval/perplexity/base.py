@@ -23,6 +23,7 @@ from ...progress import progress
 from ...registry import Registry
 
 DEFAULT_PROTOCOL = "windows"
+DEFAULT_KV_PROTOCOL = "kv-chunked"  # the default when a recipe compares KV formats: one that reads the cache
 
 
 class PerplexityProtocol(BaseModel):
