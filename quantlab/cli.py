@@ -17,6 +17,8 @@ def _run(args: argparse.Namespace) -> int:
     from .report import load_rows
     from .run.runner import run_recipe
 
+    if args.threads:
+        recipe = recipe.with_threads(args.threads)
     executor = None
     if args.executor or args.address:
         fields = {"kind": args.executor or recipe.executor.kind, **({"address": args.address} if args.address else {})}
@@ -183,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where variants run: local (here) or ray (as Ray tasks); default: the recipe's executor, local")
     run.add_argument("--address", default=None, help="with --executor ray: the Ray cluster to join (auto, ray://..., "
                      "host:port); without it a local Ray instance is started")
+    run.add_argument("--threads", type=int, default=None, metavar="N",
+                     help="CPU threads torch uses while measuring (default: the recipe's threads, else one per core)")
     run.add_argument("--shard", metavar="I/N", default=None,
                      help="measure only shard I of N (0 <= I < N) of the variants, by a stable hash of each variant's "
                      "config: N array jobs into one shared --out cover every variant once")

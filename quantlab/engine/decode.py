@@ -20,6 +20,7 @@ from ..kv import KVFormat
 from ..kv.hf_compat import cache_kwarg
 from .compiled import attention_implementation, compile_options, compiled_step, fused_row_linears, inductor_options
 from .device import timed_ms
+from .machine_load import watch_machine
 from .memory import PeakMemory, cuda_devices_of
 
 
@@ -31,6 +32,7 @@ class DecodeResult:
 
     engine: str = "eager"
     engine_options: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)  # MachineLoad.record() of the timed decode
 
     def record(self, batch_size: int) -> dict[str, Any]:
         q = statistics.quantiles(self.decode_ms, n=10, method="inclusive")
@@ -45,6 +47,7 @@ class DecodeResult:
             "decode_steps": len(self.decode_ms),
             "decode_ms_samples": [round(t, 4) for t in self.decode_ms],
             "tokens_per_s": round(batch_size * 1e3 / median, 3),
+            **self.machine,
             **self.memory,
         }
 
@@ -172,7 +175,7 @@ def _measure_decode(
     prefill_peak, decode_peak = PeakMemory(device, cuda_devices=spans), PeakMemory(device, cuda_devices=spans)
     with prefill_peak.track():
         prefills.append(gen.prefill(ids))
-    with decode_peak.track():
+    with decode_peak.track(), watch_machine(f"decode {batch_size}x{prompt_tokens}") as load:
         steps = gen.decode(new_tokens)
     dtype = model.get_input_embeddings().weight.dtype
     memory = {
@@ -190,4 +193,4 @@ def _measure_decode(
         "kv_cache_tokens": prompt_tokens + new_tokens,
     }
     options = dict(decode.options) if decode.compiled else {"cache": type(gen.cache).__name__, "compiled": False}
-    return DecodeResult(statistics.median(prefills), steps, memory, decode.name, options)
+    return DecodeResult(statistics.median(prefills), steps, memory, decode.name, options, load[0].record())

@@ -16,6 +16,10 @@ class DecodeLatency(Result):
     decode_steps: int
     decode_ms_samples: list[float] | None = None  # every timed step (older records kept the first point's only)
     tokens_per_s: float
+    threads: int | None = None  # torch's CPU threads (older records: not recorded)
+    load_average_1m: float | None = None  # the host's load average as the timed decode ended
+    process_cpu_share: float | None = None  # CPU time the process got / (wall time x threads) while timed
+    concurrent_timed_runs: int | None = None  # other quantlab processes timing on this host at the same time
 
 
 @register("latency", "prefill and per-token decode time after warm-up, device synchronized")
@@ -33,7 +37,7 @@ class Latency(Measurement):
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         record = ctx.generation(*point).record(batch_size=point[0])
-        return DecodeLatency(**{k: record[k] for k in DecodeLatency.model_fields})
+        return DecodeLatency(**{k: record[k] for k in DecodeLatency.model_fields if k in record})
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         w = manifest.get("recipe", {}).get("workload", {})

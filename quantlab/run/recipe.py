@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 import yaml
 from pydantic import (
@@ -146,6 +147,8 @@ class Recipe(Strict):
     calibration: CalibrationSpec = CalibrationSpec()
     baseline: str | None = Field(None, description="variant label of the baseline (default: the first)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, ge=1, description="CPU threads torch uses in every process that measures "
+                                "(torch.set_num_threads; default: torch's own, one per core)")
     isolation: Literal["process", "none"] = Field("process", description="run each variant in its own process")
     variant_timeout_s: float | None = Field(None, gt=0, description="stop a variant's process after this long; "
                                             "it is recorded as failed and the run goes on (isolation: process)")
@@ -156,6 +159,27 @@ class Recipe(Strict):
     @property
     def source(self) -> str:
         return self._source
+
+    def with_threads(self, threads: int) -> "Recipe":
+        """This recipe measured with ``threads`` CPU threads (``quantlab run --threads``)."""
+        if threads < 1:
+            raise RecipeError("--threads", "", f"a positive number of threads, not {threads}")
+        changed = self.model_copy(update={"threads": threads})
+        changed._source = self._source
+        return changed
+
+    @contextmanager
+    def threads_applied(self) -> Iterator[None]:
+        """Within: torch's CPU threads in this process are the recipe's (when it gives them), restored after."""
+        import torch
+
+        before = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     @model_validator(mode="after")
     def _check(self) -> "Recipe":

@@ -155,12 +155,19 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
     anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report).
     ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray)."""
-    from ..report import write_report
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
     executor = executor or recipe.executor
     sweep_class = executor_class(recipe, executor)  # an unknown or missing engine: an error before anything is written
     check_against_model(recipe)
+    with recipe.threads_applied():  # the machine fingerprint records the threads the variants run with
+        return _run(recipe, out_dir, executor, sweep_class, log, shard)
+
+
+def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any, log: Log,
+         shard: tuple[int, int] | None) -> Path:
+    from ..report import write_report
+
     folder = RunFolder(out_dir)
     folder.check_writable()
     folder.convert_legacy(log)

@@ -29,8 +29,14 @@ def _identity(recipe: Recipe, variant: Variant) -> dict[str, Any]:
 
 
 def measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None = None) -> dict[str, Any]:
-    """Load, quantize and run every enabled measurement of one variant in this process; returns the record's
-    body (identity, measurements by name, decode points). ``run_folder`` holds run-wide intermediates."""
+    """Load, quantize and run every enabled measurement of one variant in this process (with the recipe's
+    threads); returns the record's body (identity, measurements by name, decode points). ``run_folder`` holds
+    run-wide intermediates."""
+    with recipe.threads_applied():
+        return _measure_variant(recipe, variant, run_folder)
+
+
+def _measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None) -> dict[str, Any]:
     device = resolve_device(recipe.device)
     body = {**_identity(recipe, variant), "device": describe_device(device), "started_at": now_iso()}
     start = time.perf_counter()

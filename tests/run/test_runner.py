@@ -430,3 +430,17 @@ def test_a_calibrated_format_is_solved_once_for_all_its_kv_formats(tmp_path: Pat
     assert sources[1]["reused"] == sources[0]["saved"] and sources[1]["by_variant"] in {r["variant"] for r in rows}
     assert rows[0]["weight_bytes"] == rows[1]["weight_bytes"] and rows[0]["perplexity"] == rows[1]["perplexity"]
     assert not (out / "weights").exists()
+
+
+def test_threads_from_the_recipe_or_the_cli_reach_the_measuring_process_and_are_recorded(tmp_path: Path) -> None:
+    from quantlab import RecipeError
+
+    before = torch.get_num_threads()
+    recipe = validate_recipe({"name": "threads", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"],
+                              "workload": WORKLOAD, "device": "cpu"}).with_threads(1)
+    rows = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")
+    assert rows[0]["status"] == "ok" and rows[0]["threads"] == 1 and rows[0]["device"] == "cpu (1 threads)"
+    assert rows[0]["concurrent_timed_runs"] == 0 and 0 < rows[0]["process_cpu_share"] <= 1.05
+    assert torch.get_num_threads() == before  # the caller's setting is restored
+    with pytest.raises(RecipeError, match="--threads: a positive number of threads, not 0"):
+        recipe.with_threads(0)
