@@ -31,22 +31,30 @@ LABEL_OFFSETS = [(4, 3), (4, -10), (-4, 3), (-4, -10), (4, 13), (4, -20), (-4, 1
 
 def place_labels(ax: Any, points: list[tuple[float, float, str]]) -> list[Any]:
     """Annotate each ``(x, y, text)`` beside its point where it stays on the figure and overlaps no label placed
-    before it (trying ``LABEL_OFFSETS`` in turn; the last one if every place is taken). Returns the labels' boxes
-    in display units."""
+    before it (trying ``LABEL_OFFSETS`` in turn). A label with no free place is listed under the axes instead,
+    so no two labels ever overlap. Returns the placed labels' boxes in display units; in the SVG each label is
+    the group ``point-label-<n>``."""
     ax.figure.canvas.draw()  # settle the axes' limits, which place the points on the page
     renderer = ax.figure.canvas.get_renderer()
     page = ax.figure.bbox
     placed: list[Any] = []
+    unplaced: list[str] = []
     for x, y, text in sorted(points, key=lambda p: (p[0], p[1])):
         for dx, dy in LABEL_OFFSETS:
             note = ax.annotate(text, (x, y), fontsize=7, xytext=(dx, dy), textcoords="offset points",
-                               ha="left" if dx >= 0 else "right", annotation_clip=False)
+                               ha="left" if dx >= 0 else "right", annotation_clip=False,
+                               gid=f"point-label-{len(placed)}")
             box = note.get_window_extent(renderer)
             inside = page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
-            if (inside and not any(box.overlaps(other) for other in placed)) or (dx, dy) == LABEL_OFFSETS[-1]:
+            if inside and not any(box.overlaps(other) for other in placed):
                 placed.append(box)
                 break
             note.remove()
+        else:
+            unplaced.append(text)
+    if unplaced:
+        ax.text(0, -0.16, "also plotted, no room for a label: " + ", ".join(unplaced), transform=ax.transAxes,
+                fontsize=7, va="top", wrap=True, gid="unplaced-labels")
     return placed
 
 

@@ -77,3 +77,53 @@ def test_every_table_scrolls_sideways_instead_of_being_clipped(hand_run: Path) -
     page = (write_report(hand_run).parent / "report.html").read_text()
     assert page.count("<table") >= 3 and page.count('<div class="scroll"><table') == page.count("<table")
     assert ".scroll{overflow-x:auto" in page
+
+
+PROBE = """<script>
+(() => {
+  const vw = document.documentElement.clientWidth, out = {width: vw, hidden: [], overlaps: [], labels: 0};
+  const table = document.querySelector("table"), box = table.closest(".scroll");
+  const scrolls = ["auto", "scroll"].includes(getComputedStyle(box).overflowX);  // a reader can scroll it
+  for (const th of table.querySelectorAll("th")) {  // every summary column can be brought into view
+    box.scrollLeft = 0;
+    const fits = th.getBoundingClientRect().right <= Math.min(vw, box.getBoundingClientRect().right) + 1;
+    box.scrollLeft = Math.max(0, th.offsetLeft - 8);
+    const r = th.getBoundingClientRect();
+    if (!(fits || scrolls) || r.left < -1 || r.right > vw + 1 || r.width < 4) out.hidden.push(th.textContent);
+  }
+  box.scrollLeft = 0;
+  for (const svg of document.querySelectorAll("svg")) {
+    const boxes = [...svg.querySelectorAll('g[id^="point-label-"]')].map(g => [g.id, g.getBoundingClientRect()]);
+    out.labels += boxes.length;
+    boxes.forEach(([a, p], i) => boxes.slice(i + 1).forEach(([b, q]) => {
+      if (p.left < q.right && q.left < p.right && p.top < q.bottom && q.top < p.bottom) out.overlaps.push(a + "/" + b);
+    }));
+  }
+  const pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
+def test_at_1400_px_every_summary_column_can_be_seen_and_no_two_point_labels_overlap(tmp_path: Path) -> None:
+    """Variants that share bytes (two formats at the same size; the KV twins of one weight format) are the case
+    where labels collide."""
+    import json
+
+    from .conftest import make_row, write_run
+
+    rows = [make_row("bf16", 9.5, 15.40, 3.7), make_row("int8-pc-asym", 5.8, 15.44, 2.9),
+            make_row("nf4-b64", 4.0, 19.74, 5.0), make_row("hqq4-g64", 4.0, 19.37, 2.4),
+            make_row("int4-g64-asym", 4.0, 19.93, 2.4), make_row("int4-g64-asym-gptq", 4.0, 19.40, 2.4),
+            make_row("int3-g128-asym", 3.2, 95.25, 2.6), make_row("int3-g128-asym-gptq", 3.2, 32.31, 2.6)]
+    run = write_run(tmp_path / "run", "labels", rows)
+    write_report(run)
+    page = run / "probe.html"
+    page.write_text((run / "report.html").read_text().replace("</body>", PROBE + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,1000"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    probe = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout).group(1).replace("&quot;", '"'))
+    assert probe["width"] <= 1400 and probe["hidden"] == []
+    assert probe["labels"] >= len(rows) and probe["overlaps"] == []
