@@ -46,6 +46,11 @@ FORMATS = {
     "int3-g128": ("int3", {"group_size": 128, **BF16}),
     "int2-g64": ("int2", {"group_size": 64, **BF16}),
     "int4-g128-dequant": ("int4", {"group_size": 128, "kernel": "dequantize+matmul", **BF16}),
+    "nf4": ("nf4", BF16),  # block 64, float32 maxima: the 4-bit codebook kernel (lut4_cpu on CPU)
+    "nf4-dq": ("nf4", {"double_quant": True, **BF16}),  # QLoRA's storage: 8-bit maxima
+    "fp4": ("fp4", BF16),
+    "hqq4-g64": ("hqq", {"bits": 4, "group_size": 64, **BF16}),
+    "fp8": ("fp8", BF16),
 }
 DEFAULT_FORMATS = ["bf16", "int8", "int4-g128", "int4-g128-dequant"]
 

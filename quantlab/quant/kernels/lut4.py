@@ -1,0 +1,136 @@
+"""4-bit codebook weights (NF4, FP4) on CPU: the stored codes multiplied through a 16-entry table in registers.
+
+Without it a codebook weight is dequantized whole for every matmul (hundreds of ms a decode step on 2 cores
+for a 135M model). Here the codes stay as stored (two per byte) with their block maxima as stored (float32, or
+8-bit double-quantized, decoded per block in the kernel), so the bytes held are the format's: a decode step's
+few rows are multiplied directly (``native/lut4.c``), and longer inputs dequantize a block of rows at a time in
+C for the dense matmul. Both are registered torch ops, so the path also runs inside ``torch.compile``.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import ClassVar
+
+import torch
+
+from ..tensors.codebook import CODEBOOKS, CodebookTensor, dynamic_map
+from . import native
+from .base import KERNELS, Kernel, linear_in_row_blocks
+
+OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}
+ABSMAX_F32, ABSMAX_DQ = 0, 1
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = native.load("lut4")
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.lut4_matmul.argtypes = [p, p, i, p, p, p, p, p, p, i, i, i, i]
+    lib.lut4_dequantize.argtypes = [p, p, i, p, p, p, p, p, i, i, i, i, i]
+    lib.lut4_matmul.restype = lib.lut4_dequantize.restype = None
+    return lib
+
+
+@functools.cache
+def _table(codebook: str) -> torch.Tensor:
+    """The codebook's 16 values, float32 (a constant shared by every weight, not part of any)."""
+    return torch.tensor(CODEBOOKS[codebook], dtype=torch.float32)
+
+
+@functools.cache
+def _dmap() -> torch.Tensor:
+    return dynamic_map().contiguous()
+
+
+def _scales(absmax: torch.Tensor, scale2: torch.Tensor | None, offset: torch.Tensor | None) -> tuple[int, int, int | None, int | None]:
+    if scale2 is None:
+        return absmax.data_ptr(), ABSMAX_F32, None, None
+    return absmax.data_ptr(), ABSMAX_DQ, scale2.data_ptr(), offset.data_ptr()  # type: ignore[union-attr]
+
+
+def lut4_matmul(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Tensor | None,
+                offset: torch.Tensor | None, codebook: str, block: int) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the codebook weight ``[out, in]``, transposed: ``[M, out]`` float32."""
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, packed.shape[0], dtype=torch.float32)
+    _library().lut4_matmul(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
+                           _table(codebook).data_ptr(), x.data_ptr(), y.data_ptr(), m, packed.shape[0], n_in, block)
+    return y
+
+
+def lut4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Tensor | None,
+                    offset: torch.Tensor | None, codebook: str, block: int, n_in: int, row0: int, row1: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the weight as ``dtype`` (float32 or bfloat16)."""
+    out = torch.empty(row1 - row0, n_in, dtype=dtype)
+    _library().lut4_dequantize(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
+                               _table(codebook).data_ptr(), out.data_ptr(), OUT_KINDS[dtype], row0, row1, n_in, block)
+    return out
+
+
+# The same functions as torch ops, for torch.compile (eager calls skip the dispatcher's overhead).
+matmul_op = torch.library.custom_op("quantlab::lut4_matmul", lut4_matmul, mutates_args=())
+dequantize_op = torch.library.custom_op("quantlab::lut4_dequantize", lut4_dequantize, mutates_args=())
+
+
+@matmul_op.register_fake
+def _(x, packed, absmax, scale2, offset, codebook, block):
+    return x.new_empty(x.shape[0], packed.shape[0], dtype=torch.float32)
+
+
+@dequantize_op.register_fake
+def _(packed, absmax, scale2, offset, codebook, block, n_in, row0, row1, dtype):
+    return packed.new_empty(row1 - row0, n_in, dtype=dtype)
+
+
+@KERNELS.register
+class Lut4CPUKernel(Kernel):
+    """A 4-bit codebook weight as stored (codes two per byte, block maxima float32 or double-quantized); fused C
+    matmul through the table for decode steps, C dequantization of row blocks for longer inputs."""
+
+    path = "lut4_cpu"
+    preference = 55
+    tensor_type = CodebookTensor
+    max_fused_rows: ClassVar[int] = 8  # rows of x up to which the fused product beats dequantize+matmul (2 cores)
+    cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows for longer inputs
+
+    def __init__(self, q: CodebookTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        _library()  # build (or find) the C kernel now: a failure passes the choice on
+        self.shape, self.codebook, self.block = q.shape, q.codebook, q.block_size
+        self.bits, self.group_size = 4, q.block_size
+        self.register_buffer("packed", q.packed.contiguous())
+        self.register_buffer("absmax", q.absmax.contiguous())
+        self.register_buffer("absmax_scale", None if q.absmax_scale is None else q.absmax_scale.float().contiguous())
+        self.register_buffer("absmax_offset", None if q.absmax_offset is None else q.absmax_offset.float().contiguous())
+
+    @classmethod
+    def supports(cls, q: CodebookTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return (device.type == "cpu" and dtype in OUT_KINDS and q.block_size % 32 == 0 and q.shape[1] % q.block_size == 0
+                and q.codebook in CODEBOOKS and q.absmax.dtype in (torch.float32, torch.uint8))
+
+    def analytic_nbytes(self) -> int:
+        return CodebookTensor.analytic_nbytes(self.shape, self.block, self.absmax_scale is not None)
+
+    def _rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        op = dequantize_op if torch.compiler.is_compiling() else lut4_dequantize
+        return op(self.packed, self.absmax, self.absmax_scale, self.absmax_offset, self.codebook, self.block,
+                  self.shape[1], row0, row1, dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._rows(0, self.shape[0], torch.float32).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.shape[1])
+        if x2.shape[0] <= self.max_fused_rows:
+            op = matmul_op if torch.compiler.is_compiling() else lut4_matmul
+            y = op(x2.float(), self.packed, self.absmax, self.absmax_scale, self.absmax_offset, self.codebook,
+                   self.block)
+        else:
+            dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
+            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self._rows(start, stop, dense), self.shape,
+                                     self.cpu_block_elements)
+        return y.reshape(*lead, -1).to(x.dtype)

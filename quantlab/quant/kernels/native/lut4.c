@@ -1,0 +1,154 @@
+/* Matmul and dequantization of 4-bit codebook weights (NF4, FP4, any 16-entry table) for CPUs
+   (quantlab.quant.kernels.lut4).
+
+   Layout: the stored form as it is. Each row of K codes is K/2 bytes, code 2i in the low nibble of byte i and
+   code 2i+1 in the high one; a code is an index into a 16-entry float table (`lut`). The row-major weight is cut
+   into blocks of `block` values (K a multiple of `block`, `block` a multiple of 32, so blocks never straddle
+   rows), each with one scale: its absolute maximum as float32 (`absmax`, kind 0), or double-quantized (kind 1):
+   a uint8 index into a 256-entry map (`dmap`) times a float32 scale per 256 blocks (`scale2`) plus one float32
+   offset. A decode step's few rows of activations are multiplied by the codes directly: 32 codes at a time are
+   split out of their nibbles and looked up in the table in registers, never written out. Compiled at first use
+   with the machine's C compiler. */
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+enum { F32 = 0, BF16 = 2 };
+enum { ABSMAX_F32 = 0, ABSMAX_DQ = 1 };
+
+static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch does */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+/* The scale of block b. */
+static inline float block_scale(const void* absmax, int kind, const float* scale2, const float* offset,
+                                const float* dmap, size_t b) {
+    if (kind == ABSMAX_F32) return ((const float*)absmax)[b];
+    return dmap[((const uint8_t*)absmax)[b]] * scale2[b >> 8] + offset[0];
+}
+
+#ifdef __AVX2__
+/* Table lookup of 8 codes (int32 lanes, 0-15) in a 16-entry table held as two 8-float registers. */
+static inline __m256 lookup8(__m256i idx, __m256 lo, __m256 hi) {
+    __m256 a = _mm256_permutevar8x32_ps(lo, idx), b = _mm256_permutevar8x32_ps(hi, idx);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  /* bit 3 picks the high half */
+}
+
+/* The 32 codes of 16 packed bytes, in order, as four groups of 8 table values. */
+static inline void decode32(const uint8_t* p, __m256 lo, __m256 hi, __m256 v[4]) {
+    __m128i bytes = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(0x0F);
+    __m128i low = _mm_and_si128(bytes, mask), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    __m128i c0 = _mm_unpacklo_epi8(low, high), c1 = _mm_unpackhi_epi8(low, high);  /* codes 0-15, 16-31 */
+    v[0] = lookup8(_mm256_cvtepu8_epi32(c0), lo, hi);
+    v[1] = lookup8(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8)), lo, hi);
+    v[2] = lookup8(_mm256_cvtepu8_epi32(c1), lo, hi);
+    v[3] = lookup8(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8)), lo, hi);
+}
+
+static inline float hsum(__m256 v) {
+    float t[8]; _mm256_storeu_ps(t, v);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+static inline __attribute__((always_inline)) void rows_avx2(
+        const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset, const float* dmap,
+        const float* lut, const float* x, float* y, int R, int N, int K, int block) {
+    const __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
+    int per_row = K / block;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * (K / 2);
+        __m256 total[4];
+        for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
+        for (int g = 0; g < per_row; g++) {
+            __m256 acc[4][2];
+            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+            for (int k = g * block; k < (g + 1) * block; k += 32) {
+                __m256 v[4];
+                decode32(row + k / 2, lo, hi, v);
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + k;
+                    acc[r][0] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), acc[r][1]);
+                    acc[r][0] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), acc[r][1]);
+                }
+            }
+            __m256 s = _mm256_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, (size_t)n * per_row + g));
+            for (int r = 0; r < R; r++) total[r] = _mm256_fmadd_ps(s, _mm256_add_ps(acc[r][0], acc[r][1]), total[r]);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]);
+    }
+}
+#endif
+
+static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
+                        const float* dmap, const float* lut, const float* x, float* y, int R, int N, int K, int block) {
+    int per_row = K / block;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * (K / 2);
+        for (int r = 0; r < R; r++) {
+            float total = 0;
+            for (int g = 0; g < per_row; g++) {
+                float acc = 0;
+                for (int k = g * block; k < (g + 1) * block; k += 2) {
+                    uint8_t b = row[k / 2];
+                    acc += lut[b & 15] * x[(size_t)r * K + k] + lut[b >> 4] * x[(size_t)r * K + k + 1];
+                }
+                total += block_scale(absmax, kind, scale2, offset, dmap, (size_t)n * per_row + g) * acc;
+            }
+            y[(size_t)r * N + n] = total;
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
+void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
+                 const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int R = M - m0 < 4 ? M - m0 : 4;
+        const float* xr = x + (size_t)m0 * K;
+        float* yr = y + (size_t)m0 * N;
+#ifdef __AVX2__
+        switch (R) {  /* a constant R per call, so the row loops unroll */
+            case 1: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 1, N, K, block); break;
+            case 2: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 2, N, K, block); break;
+            case 3: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 3, N, K, block); break;
+            default: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 4, N, K, block);
+        }
+#else
+        rows_scalar(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, R, N, K, block);
+#endif
+    }
+}
+
+/* Rows [row0, row1) of W as float32 (out_kind 0) or bfloat16 (out_kind 2), [row1 - row0, K] row-major. */
+void lut4_dequantize(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
+                     const float* dmap, const float* lut, void* out, int out_kind, int row0, int row1, int K, int block) {
+    int per_row = K / block;
+    #pragma omp parallel for schedule(static)
+    for (int n = row0; n < row1; n++) {
+        const uint8_t* row = w + (size_t)n * (K / 2);
+        size_t o = (size_t)(n - row0) * K;
+        for (int g = 0; g < per_row; g++) {
+            float s = block_scale(absmax, kind, scale2, offset, dmap, (size_t)n * per_row + g);
+            for (int k = g * block; k < (g + 1) * block; k += 2) {
+                uint8_t b = row[k / 2];
+                float v0 = lut[b & 15] * s, v1 = lut[b >> 4] * s;
+                if (out_kind == BF16) {
+                    ((uint16_t*)out)[o + k] = float_to_bf16(v0);
+                    ((uint16_t*)out)[o + k + 1] = float_to_bf16(v1);
+                } else {
+                    ((float*)out)[o + k] = v0;
+                    ((float*)out)[o + k + 1] = v1;
+                }
+            }
+        }
+    }
+}
