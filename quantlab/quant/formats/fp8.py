@@ -2,8 +2,9 @@
 
 Each weight is divided by its scale (the row's or the tensor's absolute maximum over the format's largest value,
 so the maximum maps onto it) and cast to the float8 dtype, which rounds to nearest even: the numerics of a plain
-``(w / scale).to(torch.float8_e4m3fn)``. Matmuls dequantize (float8 times scale) and use the dense matmul, or,
-named as ``kernel: fp8_scaled_mm_cuda`` on a GPU with FP8 tensor cores, ``torch._scaled_mm`` with the
+``(w / scale).to(torch.float8_e4m3fn)``. On CPU matmuls multiply the stored bytes directly (``fp8_cpu``, weight
+only); elsewhere they dequantize (float8 times scale) and use the dense matmul, or, named as
+``kernel: fp8_scaled_mm_cuda`` on a GPU with FP8 tensor cores, ``torch._scaled_mm`` with the
 activations cast to e4m3 per row (the W8A8 form of vLLM's and torchao's float8 rowwise; not chosen by ``auto``
 because rounding the activations changes the numerics).
 """
@@ -25,9 +26,10 @@ class FP8Format(QuantizedWeightFormat):
 
     kind: Literal["e4m3", "e5m2"] = Field("e4m3", description="e4m3 (more precision) or e5m2 (more range)")
     per_tensor: bool = Field(False, description="one scale for the whole weight instead of one per output channel")
-    kernel: Literal["auto", "dequantize+matmul", "fp8_scaled_mm_cuda"] = Field(
+    kernel: Literal["auto", "fp8_cpu", "dequantize+matmul", "fp8_scaled_mm_cuda"] = Field(
         "auto", description="fp8_scaled_mm_cuda: torch._scaled_mm with activations cast to e4m3 per row (CUDA, "
-        "compute capability 8.9+, bf16); auto: dequantize+matmul")
+        "compute capability 8.9+, bf16); auto: fp8_cpu on CPU (the stored bytes, weight only), else "
+        "dequantize+matmul")
 
     @property
     def scheme_label(self) -> str:

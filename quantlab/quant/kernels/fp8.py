@@ -1,14 +1,113 @@
-"""FP8 weights through ``torch._scaled_mm`` (CUDA, compute capability 8.9+): the activations cast to e4m3 per row,
-the W8A8 form of vLLM's and torchao's float8 rowwise. Never chosen by ``auto``: rounding the activations
-changes the numerics."""
+"""FP8 weights: on CPU the stored bytes multiplied directly (``fp8_cpu``, a C kernel: each code widened to a float
+in registers, weight-only, the activations untouched); on CUDA through ``torch._scaled_mm`` (compute capability
+8.9+), the activations cast to e4m3 per row, the W8A8 form of vLLM's and torchao's float8 rowwise, never chosen
+by ``auto``: rounding the activations changes the numerics."""
 from __future__ import annotations
 
+import ctypes
+import functools
 from typing import ClassVar
 
 import torch
 
 from ..tensors.float8 import Float8Tensor
-from .base import KERNELS, Kernel
+from . import native
+from .base import KERNELS, Kernel, linear_in_row_blocks
+
+OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}
+KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kernel's code
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = native.load("fp8")
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.fp8_matmul.argtypes = [p, p, i, i, p, p, i, i, i]
+    lib.fp8_dequantize.argtypes = [p, p, i, i, p, i, i, i, i]
+    lib.fp8_matmul.restype = lib.fp8_dequantize.restype = None
+    return lib
+
+
+def _kind(data: torch.Tensor) -> int:
+    return KINDS[str(data.dtype).removeprefix("torch.")]
+
+
+def fp8_matmul(x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the float8 weight ``[out, in]`` with its float32 scales, transposed."""
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, data.shape[0], dtype=torch.float32)
+    _library().fp8_matmul(data.data_ptr(), scales.data_ptr(), int(scales.shape[0] == 1), _kind(data), x.data_ptr(),
+                          y.data_ptr(), m, data.shape[0], n_in)
+    return y
+
+
+def fp8_dequantize(data: torch.Tensor, scales: torch.Tensor, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the weight as ``dtype`` (float32 or bfloat16)."""
+    out = torch.empty(row1 - row0, data.shape[1], dtype=dtype)
+    _library().fp8_dequantize(data.data_ptr(), scales.data_ptr(), int(scales.shape[0] == 1), _kind(data),
+                              out.data_ptr(), OUT_KINDS[dtype], row0, row1, data.shape[1])
+    return out
+
+
+matmul_op = torch.library.custom_op("quantlab::fp8_matmul", fp8_matmul, mutates_args=())
+dequantize_op = torch.library.custom_op("quantlab::fp8_dequantize", fp8_dequantize, mutates_args=())
+
+
+@matmul_op.register_fake
+def _(x, data, scales):
+    return x.new_empty(x.shape[0], data.shape[0], dtype=torch.float32)
+
+
+@dequantize_op.register_fake
+def _(data, scales, row0, row1, dtype):
+    return data.new_empty(row1 - row0, data.shape[1], dtype=dtype)
+
+
+@KERNELS.register
+class FP8CPUKernel(Kernel):
+    """Float8 codes (e4m3fn, e5m2) as stored with their float32 scales; fused C matmul for decode steps (each code
+    widened to a float in registers), C dequantization of row blocks for longer inputs."""
+
+    path = "fp8_cpu"
+    preference = 60
+    tensor_type: ClassVar[type] = Float8Tensor
+    max_fused_rows: ClassVar[int] = 8
+    cpu_block_elements: ClassVar[int] = 1 << 19
+
+    @classmethod
+    def supports(cls, q: Float8Tensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return (device.type == "cpu" and dtype in OUT_KINDS and str(q.data.dtype).removeprefix("torch.") in KINDS
+                and q.scales.dtype == torch.float32)
+
+    def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        _library()  # build (or find) the C kernel now: a failure passes the choice on
+        self.shape = q.shape
+        self.register_buffer("data", q.data.contiguous())
+        self.register_buffer("scales", q.scales.contiguous())
+
+    def analytic_nbytes(self) -> int:
+        return Float8Tensor.analytic_nbytes(self.shape, self.scales.shape[0] == 1 and self.shape[0] > 1)
+
+    def _rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        op = dequantize_op if torch.compiler.is_compiling() else fp8_dequantize
+        return op(self.data, self.scales, row0, row1, dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._rows(0, self.shape[0], torch.float32).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.shape[1])
+        if x2.shape[0] <= self.max_fused_rows:
+            op = matmul_op if torch.compiler.is_compiling() else fp8_matmul
+            y = op(x2.float(), self.data, self.scales)
+        else:
+            dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
+            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self._rows(start, stop, dense), self.shape,
+                                     self.cpu_block_elements)
+        return y.reshape(*lead, -1).to(x.dtype)
 
 
 @KERNELS.register

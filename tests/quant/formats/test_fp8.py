@@ -34,7 +34,8 @@ def test_bytes_and_the_class_survive_the_kernel() -> None:
     q = quantize_fp8(_weight(), "e4m3")
     assert q.nbytes == q.layout_nbytes() == 96 * 256 + 4 * 96
     assert quantize_fp8(_weight(), per_tensor=True).nbytes == 96 * 256 + 4
-    kernel = choose_kernel(q, CPU, torch.bfloat16)
+    assert choose_kernel(q, CPU, torch.bfloat16).path == "fp8_cpu"  # auto on CPU; the fallback when named:
+    kernel = choose_kernel(q, CPU, torch.bfloat16, ["dequantize+matmul"])
     assert isinstance(kernel, DequantKernel) and type(kernel.qtensor) is Float8Tensor
     assert torch.equal(kernel.dequantize(), q.dequantize())
     assert type(q.to("cpu")) is Float8Tensor
@@ -56,7 +57,7 @@ def test_e4m3_is_closer_than_e5m2_on_a_model() -> None:
 
 def test_the_scaled_mm_path_is_never_automatic_and_needs_a_cuda_fp8_device() -> None:
     q = quantize_fp8(_weight(96, 256))
-    assert isinstance(choose_kernel(q, CPU, torch.bfloat16), DequantKernel)
+    assert choose_kernel(q, CPU, torch.bfloat16).path == "fp8_cpu"  # weight only: activations keep their dtype
     from quantlab import UnsupportedError
 
     with pytest.raises(UnsupportedError, match="fp8_scaled_mm_cuda"):

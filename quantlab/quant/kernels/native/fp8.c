@@ -1,0 +1,131 @@
+/* Matmul and dequantization of float8 weights (e4m3fn, e5m2) for CPUs (quantlab.quant.kernels.fp8_cpu).
+
+   Layout: the stored form as it is, one byte per weight, row-major [N, K], with a float32 scale per output row
+   (or one for the whole tensor). A byte becomes a float without a table: e5m2 is the top byte of a float16;
+   e4m3's exponent and mantissa shifted into a float16's fields give the value times 2^-8 for normal and
+   subnormal codes alike (the biases differ by 8), so the factor 256 goes into the row's scale. Eight codes at a
+   time are widened this way and converted with F16C in registers. Compiled at first use with the machine's C
+   compiler. */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define FP8_SIMD 1
+#endif
+
+enum { F32 = 0, BF16 = 2 };
+enum { E4M3 = 0, E5M2 = 1 };
+
+static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch does */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+/* The value of one code (finite codes; e4m3 without the 2^-8 factor removed: see below). */
+static inline float decode(uint8_t b, int kind) {
+    float v;
+    if (kind == E5M2) {
+        int e = (b >> 2) & 31, m = b & 3;
+        v = e ? (1.0f + m / 4.0f) * (float)(1u << e) / 32768.0f : m / 4.0f / 16384.0f;
+    } else {
+        int e = (b >> 3) & 15, m = b & 7;
+        v = e ? (1.0f + m / 8.0f) * (float)(1u << e) / 128.0f : m / 8.0f / 64.0f;
+    }
+    return b & 0x80 ? -v : v;
+}
+
+/* Scale of row n (e4m3's codes in registers read 2^-8 of their value: the factor goes here). */
+static inline float row_scale(const float* scales, int per_tensor, int n) { return scales[per_tensor ? 0 : n]; }
+
+#ifdef FP8_SIMD
+/* Eight codes as floats: e5m2 exactly, e4m3 times 2^-8. */
+static inline __m256 widen8(const uint8_t* p, int kind) {
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
+    __m128i h = kind == E5M2 ? _mm_slli_epi16(b, 8)
+        : _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+}
+
+static inline float hsum(__m256 v) {
+    float t[8]; _mm256_storeu_ps(t, v);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+static inline __attribute__((always_inline)) void rows_simd(const uint8_t* w, const float* scales, int per_tensor, int kind,
+                                                            const float* x, float* y, int R, int N, int K) {
+    float unit = kind == E4M3 ? 256.0f : 1.0f;
+    int k16 = K & ~15;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * K;
+        __m256 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int k = 0; k < k16; k += 16) {
+            __m256 v0 = widen8(row + k, kind), v1 = widen8(row + k + 8, kind);
+            for (int r = 0; r < R; r++) {
+                const float* xb = x + (size_t)r * K + k;
+                acc[r][0] = _mm256_fmadd_ps(v0, _mm256_loadu_ps(xb), acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xb + 8), acc[r][1]);
+            }
+        }
+        float s = row_scale(scales, per_tensor, n);
+        for (int r = 0; r < R; r++) {
+            float tail = 0;
+            for (int k = k16; k < K; k++) tail += decode(row[k], kind) * x[(size_t)r * K + k];
+            y[(size_t)r * N + n] = s * (unit * hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + tail);
+        }
+    }
+}
+#endif
+
+static void rows_scalar(const uint8_t* w, const float* scales, int per_tensor, int kind, const float* x, float* y,
+                        int R, int N, int K) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * K;
+        for (int r = 0; r < R; r++) {
+            float acc = 0;
+            for (int k = 0; k < K; k++) acc += decode(row[k], kind) * x[(size_t)r * K + k];
+            y[(size_t)r * N + n] = row_scale(scales, per_tensor, n) * acc;
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W is read once per 4 rows. */
+void fp8_matmul(const uint8_t* w, const float* scales, int per_tensor, int kind, const float* x, float* y,
+                int M, int N, int K) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int R = M - m0 < 4 ? M - m0 : 4;
+        const float* xr = x + (size_t)m0 * K;
+        float* yr = y + (size_t)m0 * N;
+#ifdef FP8_SIMD
+        switch (R) {
+            case 1: rows_simd(w, scales, per_tensor, kind, xr, yr, 1, N, K); break;
+            case 2: rows_simd(w, scales, per_tensor, kind, xr, yr, 2, N, K); break;
+            case 3: rows_simd(w, scales, per_tensor, kind, xr, yr, 3, N, K); break;
+            default: rows_simd(w, scales, per_tensor, kind, xr, yr, 4, N, K);
+        }
+#else
+        rows_scalar(w, scales, per_tensor, kind, xr, yr, R, N, K);
+#endif
+    }
+}
+
+/* Rows [row0, row1) of W as float32 (out_kind 0) or bfloat16 (out_kind 2): the code's value times its scale. */
+void fp8_dequantize(const uint8_t* w, const float* scales, int per_tensor, int kind, void* out, int out_kind,
+                    int row0, int row1, int K) {
+    #pragma omp parallel for schedule(static)
+    for (int n = row0; n < row1; n++) {
+        const uint8_t* row = w + (size_t)n * K;
+        size_t o = (size_t)(n - row0) * K;
+        float s = row_scale(scales, per_tensor, n);
+        for (int k = 0; k < K; k++) {
+            float v = decode(row[k], kind) * s;
+            if (out_kind == BF16) ((uint16_t*)out)[o + k] = float_to_bf16(v);
+            else ((float*)out)[o + k] = v;
+        }
+    }
+}
