@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from ..tensors.affine import QuantizedTensor
+from ..tensors.float_zero import FloatZeroTensor
 from . import native
 from .base import KERNELS, Kernel, act_order_columns, linear_in_row_blocks
 
@@ -63,8 +64,11 @@ def _library() -> ctypes.CDLL:
 
 
 def _zeros(zeros: torch.Tensor | None) -> tuple[int | None, int]:
-    """The packed zero points' address and bytes per row (none: symmetric)."""
-    return (None, 0) if zeros is None else (zeros.data_ptr(), zeros.shape[1])
+    """The zero points' address and bytes per row when packed as codes (uint8), -1 when they are float zero points
+    stored like the scales (HQQ's form); none: symmetric."""
+    if zeros is None:
+        return None, 0
+    return zeros.data_ptr(), zeros.shape[1] if zeros.dtype == torch.uint8 else -1
 
 
 def bitplane_matmul(x: torch.Tensor, planes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -104,34 +108,42 @@ def _(planes, scales, zeros, bits, group, n_in, row0, row1, dtype):
 
 @KERNELS.register
 class BitplaneCPUKernel(Kernel):
-    """Codes of any width in bit planes, with the packed format's scales and zero points as they are (so the bytes
-    held are the format's); fused C matmul for decode steps."""
+    """Codes of any width in bit planes, with the packed format's scales and zero points as they are (integer codes
+    packed, or HQQ's float zero points), so the bytes held are the format's; fused C matmul for decode steps."""
 
     path = "bitplane_cpu"
     preference = 50
+    tensor_type = (QuantizedTensor, FloatZeroTensor)
     max_fused_rows: ClassVar[int] = 8  # rows of x up to which the fused product beats dequantize+matmul (2 cores)
     cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows for longer inputs
 
-    def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
+    def __init__(self, q: QuantizedTensor | FloatZeroTensor, dtype: torch.dtype) -> None:
         super().__init__()
         _library()  # build (or find) the C kernel now: a failure passes the choice on
         self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
         self.group = q.group_size or q.shape[1]
-        order = act_order_columns(q)
+        self.float_zero = isinstance(q, FloatZeroTensor)
+        order = None if self.float_zero else act_order_columns(q)
         codes = q.codes() if order is None else q.codes()[:, order.long()]
         self.register_buffer("planes", to_bitplanes(codes, q.bits))
         self.register_buffer("scales", q.scales.contiguous())
-        self.register_buffer("zeros", None if q.symmetric else q.zeros.contiguous())
+        keep_zeros = self.float_zero or not q.symmetric
+        self.register_buffer("zeros", q.zeros.to(q.scales.dtype if self.float_zero else q.zeros.dtype).contiguous()
+                             if keep_zeros else None)
         self.register_buffer("column_order", order)
 
     @classmethod
-    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+    def supports(cls, q: QuantizedTensor | FloatZeroTensor, device: torch.device, dtype: torch.dtype) -> bool:
         group = q.group_size or q.shape[1]
-        return (device.type == "cpu" and dtype in OUT_KINDS and q.scales.dtype in SCALE_KINDS and not q.per_tensor
+        float_zero = isinstance(q, FloatZeroTensor)
+        return (device.type == "cpu" and dtype in OUT_KINDS and q.scales.dtype in SCALE_KINDS
+                and (float_zero and q.zeros.dtype == q.scales.dtype or not float_zero and not q.per_tensor)
                 and q.shape[1] % BLOCK == 0 and group % BLOCK == 0)
 
     def analytic_nbytes(self) -> int:
         """The packed format's formula: the planes take the packed codes' bytes, the column order g_idx's."""
+        if self.float_zero:
+            return FloatZeroTensor.analytic_nbytes(self.shape, self.bits, self.group_size, self.scales.element_size())
         return QuantizedTensor.analytic_nbytes(self.shape, self.bits, self.group_size, self.zeros is None,
                                                self.scales.element_size(), self.column_order is not None)
 

@@ -149,3 +149,20 @@ def test_a_build_is_cached_per_source_compiler_and_cpu(monkeypatch: pytest.Monke
         assert built[0].stat().st_mtime_ns == stamp  # found, not rebuilt
     finally:
         native.load.cache_clear()
+
+
+@pytest.mark.parametrize("bits", [2, 3, 5, 8])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_float_zero_points_hqqs_form_are_read_as_stored(bits: int, scale_dtype: torch.dtype) -> None:
+    from quantlab.quant.tensors.float_zero import quantize_float_zero
+
+    q = quantize_float_zero(_weight(), bits, 64, optimize=True, scale_dtype=scale_dtype)
+    kernel = choose_kernel(q, CPU, torch.bfloat16)
+    assert isinstance(kernel, BitplaneCPUKernel) and kernel.zeros.dtype == scale_dtype
+    held = sum(t.numel() * t.element_size() for t in kernel.buffers())
+    assert held == kernel.analytic_nbytes() == q.layout_nbytes()
+    ref = q.dequantize()
+    assert rel_error(kernel.dequantize(), ref) < 1e-6
+    for rows in (1, 5, 13):
+        x = _x(rows=rows)
+        assert rel_error(kernel(x), x @ ref.T) < 1e-5

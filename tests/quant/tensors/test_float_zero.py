@@ -77,7 +77,8 @@ def test_bytes_class_and_kernel() -> None:
     assert q.nbytes == q.layout_nbytes() == 128 * 512 * 3 // 8 + 2 * 128 * 8 * 2
     assert type(q.to("cpu")) is FloatZeroTensor
     assert torch.equal(q.dequantize(rows=slice(5, 9)), q.dequantize()[5:9])
-    kernel = choose_kernel(q, CPU, torch.bfloat16)
+    assert choose_kernel(q, CPU, torch.bfloat16).path == "bitplane_cpu"  # auto; the fallback when named:
+    kernel = choose_kernel(q, CPU, torch.bfloat16, ["dequantize+matmul"])
     assert isinstance(kernel, DequantKernel) and type(kernel.qtensor) is FloatZeroTensor
     x = torch.randn(2, 512)
     assert rel_error(kernel(x), x @ q.dequantize().T) < 1e-6

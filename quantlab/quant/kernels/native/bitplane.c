@@ -7,8 +7,8 @@
 
    Weights dequantize as (code - zero) * scale, with one scale and zero per row and group of `group` columns (the
    last group may be shorter). Scales are float32, float16 or bfloat16 (scale_kind 0, 1, 2); zeros are `bits`-bit
-   codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), or absent (NULL:
-   every zero is sym_zero). Compiled at first use with the machine's C compiler. */
+   codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), float zero points
+   in code units stored like the scales (zero_row_bytes -1: HQQ's form), or absent (NULL: every zero is sym_zero). Compiled at first use with the machine's C compiler. */
 #include <stdint.h>
 #include <string.h>
 
@@ -46,9 +46,12 @@ static inline float load_scale(const void* scales, int kind, size_t i) {
 
 static inline int group_end(int g, int group, int K) { return (g + 1) * group < K ? (g + 1) * group : K; }
 
-/* Zero point of row n, group g: code g of the row's packed bit stream. */
-static inline float load_zero(const uint8_t* zeros, int zero_row_bytes, int sym_zero, int n, int g, int bits) {
+/* Zero point of row n, group g: code g of the row's packed bit stream, or (zero_row_bytes < 0) a float zero point
+   in code units stored like the scales (HQQ's and quanto's form), entry gi = n * n_groups + g. */
+static inline float load_zero(const uint8_t* zeros, int zero_row_bytes, int sym_zero, int n, int g, int bits,
+                              int scale_kind, size_t gi) {
     if (!zeros) return (float)sym_zero;
+    if (zero_row_bytes < 0) return load_scale(zeros, scale_kind, gi);
     const uint8_t* row = zeros + (size_t)n * zero_row_bytes;
     int bit = g * bits, byte = bit >> 3, shift = bit & 7;
     unsigned v = row[byte];
@@ -130,7 +133,7 @@ static inline __attribute__((always_inline)) void rows_avx2(
                 }
             }
             size_t gi = (size_t)n * n_groups + g;
-            float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits);
+            float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
             __m256 vs = _mm256_set1_ps(s);
             for (int r = 0; r < R; r++) {
                 total[r] = _mm256_fmadd_ps(vs, _mm256_add_ps(acc[r][0], acc[r][1]), total[r]);
@@ -160,7 +163,7 @@ static void rows_scalar(const uint8_t* w, const void* scales, int scale_kind, co
                     for (int j = 0; j < 32; j++) acc += (float)codes[j] * xb[j];
                 }
                 size_t gi = (size_t)n * n_groups + g;
-                float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits);
+                float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
                 total += s * (acc - z * xsum[r * n_groups + g]);
             }
             y[(size_t)r * N + n] = total;
@@ -216,7 +219,7 @@ void bitplane_dequantize(const uint8_t* w, const void* scales, int scale_kind, c
         size_t o = (size_t)(n - row0) * K;
         for (int g = 0; g < n_groups; g++) {
             size_t gi = (size_t)n * n_groups + g;
-            float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits);
+            float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
             for (int b = g * group / 32, b1 = group_end(g, group, K) / 32; b < b1; b++) {
 #ifdef __AVX2__
                 __m256i codes = decode_block_avx2(row + (size_t)b * block_bytes, bits);
