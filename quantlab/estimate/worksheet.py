@@ -140,9 +140,15 @@ def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -
             total += b
         else:
             total += t.numel * keep.itemsize
-    for _, numel, dtype in inventory.buffers:  # e.g. rotary inverse frequencies, cast with the model
-        total += numel * (keep.itemsize if dtype.is_floating_point else dtype.itemsize)
+    for name, numel, dtype in inventory.buffers:  # e.g. an embedding scale, cast with the model
+        kept = dtype.itemsize if not dtype.is_floating_point or _stays_float32(name) else keep.itemsize
+        total += numel * kept
     return WeightPayload(fmt.label, total, quantized_params, quantized_bytes, str(keep).removeprefix("torch."))
+
+
+def _stays_float32(buffer: str) -> bool:
+    """Rotary inverse frequencies stay float32 when transformers loads a model in another dtype."""
+    return buffer.rsplit(".", 1)[-1].endswith("inv_freq")
 
 
 def normalized_config(arch: Architecture, all_global: bool = False) -> Any:

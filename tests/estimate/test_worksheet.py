@@ -38,8 +38,11 @@ def test_every_shipped_config_gives_the_published_parameter_count_and_kv_bytes(n
     est = estimate(str(CONFIGS / name), [FP32, BF16], [NATIVE], seq_len=1024, dtype="bfloat16")
     assert est.param_count == PARAMS[name]
     assert sum(est.inventory.params_by_component().values()) == PARAMS[name]
-    buffers = sum(n for _, n, dtype in est.inventory.buffers if dtype.is_floating_point)  # rotary frequencies
-    assert est.weights[0].bytes == 4 * (PARAMS[name] + buffers) and est.weights[1].bytes == 2 * (PARAMS[name] + buffers)
+    # rotary inverse frequencies stay float32 in a bf16 model (as transformers loads them); other buffers follow
+    rotary = sum(n for b, n, dtype in est.inventory.buffers if b.endswith("inv_freq"))
+    other = sum(n for b, n, dtype in est.inventory.buffers if dtype.is_floating_point and not b.endswith("inv_freq"))
+    assert est.weights[0].bytes == 4 * (PARAMS[name] + rotary + other)
+    assert est.weights[1].bytes == 2 * (PARAMS[name] + other) + 4 * rotary
     assert est.kv[0].bytes_full == KV_PER_TOKEN[name] * 1024
     assert not est.architecture.not_interpreted
 
@@ -59,10 +62,10 @@ def test_quantized_payload_counts_scales_and_zero_points() -> None:
     # Every Llama-3.1-8B input width divides by 128 and every row's 32+ groups pack whole bytes of zero points.
     assert asym.bits_per_quantized_weight == pytest.approx(4 + (16 + 4) / 128)
     assert sym.bits_per_quantized_weight == pytest.approx(4 + 16 / 128)
-    kept = bf16.bytes - bf16.quantized_bytes  # embeddings, head, norms (and rotary buffers) stay bf16
+    kept = bf16.bytes - bf16.quantized_bytes  # embeddings, head, norms stay bf16 (rotary buffers float32)
     assert asym.bytes == kept + asym.quantized_bytes
     rotary = sum(n for _, n, _ in est.inventory.buffers)
-    assert kept == 2 * (2 * 128_256 * 4096 + (2 * 32 + 1) * 4096 + rotary)
+    assert kept == 2 * (2 * 128_256 * 4096 + (2 * 32 + 1) * 4096) + 4 * rotary
 
 
 def test_the_decoder_formula_agrees_with_the_implementation_for_llama_and_mistral() -> None:
