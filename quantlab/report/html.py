@@ -9,7 +9,7 @@ import pandas as pd
 
 from .plots import context_plot, latency_plot, memory_plot, pareto_plot
 from .table import Section, cells, first_ok, fmt_value, header, measured, pareto_variants, point_section, sections
-from .text import how_obtained, kv_unread_note, machines_note, software_line
+from .text import gguf_note, how_obtained, kv_unread_note, machines_note, software_line
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -148,6 +148,7 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         "" if manifest.get("complete", True) else
         '<p class="banner">Incomplete run: some variants have not been measured yet; run the same command to resume.</p>',
         f'<p class="banner">{esc(note[-1].replace("**", "").replace("`", ""))}</p>' if note else "",
+        *(f'<p class="note">{esc(line.replace("**", ""))}</p>' for line in gguf_note(manifest)[1:]),
         "<h2>Summary</h2>", _summary(frame, baseline, front, main),
         '<p class="note">× base: ratio to the baseline row. ◆: on the Pareto front of perplexity against weights + KV '
         "bytes. Failed variants keep their error.</p>",

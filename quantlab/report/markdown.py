@@ -6,7 +6,7 @@ from typing import Any
 import pandas as pd
 
 from .table import Section, cells, first_ok, has_metric, header, pareto_variants, point_section, sections
-from .text import how_obtained, kv_unread_note, machines_note, software_line
+from .text import gguf_note, how_obtained, kv_unread_note, machines_note, software_line
 
 
 def _md_table(head: list[str], body: list[list[str]]) -> list[str]:
@@ -63,6 +63,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         f"Model **{ok.get('model', '?')}** on **{ok.get('device', '?')}**; baseline **{manifest.get('baseline')}**."
         + ("" if manifest.get("complete", True) else "  \n**Incomplete run**: some variants have not been measured yet."),
         *machines_note(rows),
+        *gguf_note(manifest),
         "",
         *_table(frame, main),
         *_pareto_line(frame),

@@ -17,6 +17,18 @@ def machines_note(rows: list[dict[str, Any]]) -> list[str]:
             "peak memory compare only within one machine."]
 
 
+def gguf_note(manifest: dict[str, Any]) -> list[str]:
+    """A line for a model read from a GGUF file: its weights were quantized before transformers dequantized them."""
+    types = manifest.get("model_gguf_tensor_types")
+    if not types:
+        return []
+    file = ((manifest.get("recipe") or {}).get("model") or {}).get("gguf_file", "the GGUF file")
+    counts = ", ".join(f"{n} {t}" for t, n in types.items())
+    return ["", f"**Weights read from a GGUF file** ({file}: {counts} tensors) and dequantized by transformers: "
+            "every variant re-quantizes weights that were already quantized, which flatters formats close to the "
+            "file's own (the baseline is the dequantized file, not the original training weights)."]
+
+
 def kv_unread_note(rows: list[dict[str, Any]]) -> list[str]:
     """A line naming the rows whose quality figures were left out because they did not read their KV cache."""
     left = [(r["variant"], r["kv_cache_not_read_by"]) for r in rows if r.get("kv_cache_not_read_by")]

@@ -14,7 +14,7 @@ from ..errors import QuantlabError, RecipeError
 from ..files import MANIFEST_FILE, atomic_write_text
 from ..measurements import enabled_measurements
 from ..measurements.context import config_estimate
-from ..models import load_config, weight_files_problem
+from ..models import gguf_tensor_types, load_config, weight_files_problem
 from .executors import EXECUTORS
 from .fingerprint import describe, machine_fingerprint
 from .recipe import ExecutorSpec, Recipe
@@ -135,6 +135,7 @@ def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
         "variants": [v.label for v in variants], "complete": False, "sweep": sweep,
         "measurements": [name for name, _ in enabled_measurements(recipe)],
         "model_evidence": [vars(e) for e in estimate.architecture.evidence] if estimate else [],
+        **({"model_gguf_tensor_types": types} if (types := gguf_tensor_types(recipe.model)) else {}),
     }
 
 
