@@ -100,16 +100,44 @@ def _formats(args: argparse.Namespace) -> int:
     from .quant.kernels import KERNELS
     from .run.executors import EXECUTORS
 
+    kernels = _cpu_kernels(WEIGHT_FORMATS) if args.kernels else {}
     for registry in (WEIGHT_FORMATS, KV_FORMATS, PERPLEXITY_PROTOCOLS, EXECUTORS):
         print(f"{registry.kind}s:")
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())
-            print(f"  {entry.name:<10} {entry.summary}" + (f" [{fixed}]" if fixed else ""))
+            on_cpu = f" -> CPU kernel: {kernels[entry.name]}" if entry.name in kernels else ""
+            print(f"  {entry.name:<10} {entry.summary}" + (f" [{fixed}]" if fixed else "") + on_cpu)
     print("matmul kernels (kernel: auto tries them in this order):")
     for path, cls in KERNELS.items():
         first = (cls.__doc__ or "").strip().split(". ")[0].splitlines()[0].rstrip(".")
         print(f"  {path:<18} {first}" + ("" if cls.in_auto(_cpu()) else " (on CPU only when named)"))
     return 0
+
+
+def _cpu_kernels(registry) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The matmul path ``kernel: auto`` gives each weight format's example on CPU with bf16 activations (a 128x256
+    linear); calibrated formats store what their bits and groups say (the same paths), files-based ones are skipped."""
+    import torch
+    from torch import nn
+
+    from .quant import quantize_
+
+    found = {}
+    for entry in registry.entries():
+        cls = entry.cls
+        if cls.example_fields is None or cls.requires_calibration or cls.slow_to_apply:
+            found[entry.name] = "— (calibrated or file-based: the path of its stored form)"
+            continue
+        try:
+            fields = {k: v for k, v in cls.example_fields.items() if k not in entry.fixed and k != "kernel"}
+            fmt = entry.build(**fields)  # kernel: auto
+            model = nn.Sequential(nn.Linear(256, 128, bias=False)).to(torch.bfloat16)
+            quantize_(model, fmt)
+            found[entry.name] = ",".join(sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}))
+            found[entry.name] = found[entry.name] or "dense"
+        except Exception as e:  # noqa: BLE001 - listed, not raised: the listing is informational
+            found[entry.name] = f"— ({type(e).__name__})"
+    return found
 
 
 def _cpu():  # type: ignore[no-untyped-def]
@@ -244,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     formats = sub.add_parser("formats", help="list the registered formats, protocols, executors and kernels",
                              description="List every registered weight and KV-cache format, perplexity protocol, "
                              "executor and matmul kernel with one line each.")
+    formats.add_argument("--kernels", action="store_true",
+                         help="also quantize each weight format's example on CPU and show the matmul kernel it gets")
     formats.set_defaults(func=_formats)
     return parser
 

@@ -21,6 +21,16 @@ def test_formats_lists_every_registered_format_protocol_executor_and_kernel(caps
     assert listed == KERNELS.names() and listed[-1] == "dequantize+matmul"
 
 
+def test_formats_with_kernels_shows_a_cpu_path_other_than_dequantize_for_every_stored_format(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["formats", "--kernels"]) == 0
+    lines = [line for line in capsys.readouterr().out.split("KV-cache formats:")[0].splitlines() if "CPU kernel:" in line]
+    paths = {line.split()[0]: line.split("CPU kernel: ")[1] for line in lines}
+    assert paths["nf4"] == paths["fp4"] == "lut4_cpu" and paths["fp8"] == "fp8_cpu"
+    assert paths["int4"] == paths["hqq"] == "int4pack_mm_cpu" and paths["int3"] == "bitplane_cpu"
+    assert not any("dequantize+matmul" in p for p in paths.values())
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["report", "--help"], ["formats", "--help"],
                                   ["estimate", "--help"]])
 def test_help_at_every_level(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
