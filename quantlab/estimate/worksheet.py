@@ -141,13 +141,19 @@ def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -
         else:
             total += t.numel * keep.itemsize
     for name, numel, dtype in inventory.buffers:  # e.g. an embedding scale, cast with the model
-        kept = dtype.itemsize if not dtype.is_floating_point or _stays_float32(name) else keep.itemsize
+        if not dtype.is_floating_point:
+            kept = dtype.itemsize
+        elif keep == base and _stays_float32(name):  # loaded in its dtype: transformers keeps these float32
+            kept = 4
+        else:  # a format that casts the model (model.to) casts every floating buffer
+            kept = keep.itemsize
         total += numel * kept
     return WeightPayload(fmt.label, total, quantized_params, quantized_bytes, str(keep).removeprefix("torch."))
 
 
 def _stays_float32(buffer: str) -> bool:
-    """Rotary inverse frequencies stay float32 when transformers loads a model in another dtype."""
+    """Rotary inverse frequencies stay float32 when transformers loads a model in another dtype (a later
+    ``model.to(dtype)`` casts them with the rest)."""
     return buffer.rsplit(".", 1)[-1].endswith("inv_freq")
 
 
