@@ -129,8 +129,7 @@ def _cpu_kernels(registry) -> dict[str, str]:  # type: ignore[no-untyped-def]
             found[entry.name] = "— (calibrated or file-based: the path of its stored form)"
             continue
         try:
-            fields = {k: v for k, v in cls.example_fields.items() if k not in entry.fixed and k != "kernel"}
-            fmt = entry.build(**fields)  # kernel: auto
+            fmt = entry.example(**({"kernel": "auto"} if "kernel" in cls.model_fields else {}))
             model = nn.Sequential(nn.Linear(256, 128, bias=False)).to(torch.bfloat16)
             quantize_(model, fmt)
             found[entry.name] = ",".join(sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}))

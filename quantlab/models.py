@@ -5,7 +5,7 @@ import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, ClassVar, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -42,9 +42,16 @@ class ModelSpec(Strict):
     offload_folder: str | None = Field(None, description="with device_map: where disk-offloaded weights go "
                                        "(default: a temporary folder)")
 
+    SOURCES: ClassVar[tuple[str, ...]] = ("bundled", "path", "hub", "package", "config")
+
+    @property
+    def source_field(self) -> str:
+        """Which of ``SOURCES`` the model comes from (a recipe's ``model.<field>``)."""
+        return next(k for k in self.SOURCES if getattr(self, k))
+
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        given = [k for k in ("bundled", "path", "hub", "package", "config") if getattr(self, k)]
+        given = [k for k in self.SOURCES if getattr(self, k)]
         if len(given) != 1:
             raise ValueError("give exactly one of bundled, path, hub, package or config" + (f" (got {', '.join(given)})" if given else ""))
         if self.config and not self.synthetic:
@@ -282,9 +289,21 @@ def _loading_bar_only_on_a_terminal() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def load_tokenizer(spec: ModelSpec) -> Any | None:
+    """The model's tokenizer (None for synthetic weights), without its weights."""
+    if spec.synthetic:
+        return None
+    from transformers import AutoTokenizer
+
+    where, kwargs = _location(spec)
+    if spec.gguf_file:
+        kwargs["gguf_file"] = spec.gguf_file
+    return AutoTokenizer.from_pretrained(where, trust_remote_code=spec.trust_remote_code, **kwargs)
+
+
 def load_model(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 0) -> LoadedModel:
     """Load a causal LM with transformers' own loading code (or random weights when synthetic)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     config = load_config(spec)
     dtype = _dtype(spec, config)
@@ -301,7 +320,7 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu", seed: int = 
         with _loading_bar_only_on_a_terminal():
             model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=spec.trust_remote_code,
                                                          **kwargs, **placement)
-        tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=spec.trust_remote_code, **kwargs)
+        tokenizer = load_tokenizer(spec)
     if not placement:  # accelerate placed a mapped model already
         model.to(device)
     model.eval()

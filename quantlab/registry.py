@@ -36,6 +36,14 @@ class Entry(Generic[T]):
             raise QuantlabError(f"'{clash[0]}' is fixed by format '{self.name}'; drop it or use a format that takes it")
         return self.cls(**self.fixed, **params)
 
+    def example(self, **changes: Any) -> T | None:
+        """The class's small example instance (its ``example_fields``, less the fields this name fixes, updated
+        by ``changes``), or None when it has none (it needs files of its own)."""
+        fields = getattr(self.cls, "example_fields", None)
+        if fields is None:
+            return None
+        return self.build(**{**{k: v for k, v in fields.items() if k not in self.fixed}, **changes})
+
 
 class Registry(Generic[T]):
     """Maps format names to config classes (with presets) for one kind of format."""

@@ -28,9 +28,7 @@ PROMPT = torch.arange(1, 25).unsqueeze(0)
 
 
 def _example(registry: Any, name: str) -> Any:
-    entry = registry[name]
-    fields = entry.cls.example_fields
-    return None if fields is None else entry.build(**{k: v for k, v in fields.items() if k not in entry.fixed})
+    return registry[name].example()
 
 
 def _params(registry: Any) -> list[Any]:

@@ -124,10 +124,8 @@ def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -
     """Bytes of every tensor under ``fmt``: selected linear weights in the layout of the format each is given
     (overrides included; an override naming the output head quantizes it, and a tied embedding table then stays
     beside it), the rest in the unquantized dtype."""
-    from ..quant.apply import head_format
-
     keep = fmt.unquantized_dtype(base)
-    head = head_format(fmt, inventory.head_module) if inventory.head_module else None
+    head = fmt.head_format(inventory.head_module) if inventory.head_module else None
     total = quantized_params = quantized_bytes = 0
     for t in inventory.tensors:
         module_format = fmt.format_for(t.name.rsplit(".", 1)[0]) if t.quantizable else head if t.head else None

@@ -16,7 +16,7 @@ from ..data import load_text
 from ..engine.decode import DecodeResult, measure_decode
 from ..engine.memory import rss_bytes
 from ..errors import QuantlabError, first_line
-from ..models import LoadedModel, load_config, load_model, model_dtype_name, model_location
+from ..models import LoadedModel, load_config, load_model, load_tokenizer, model_dtype_name, model_location
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
 from ..quant.calibrate.samples import calibration_from_text
@@ -139,15 +139,17 @@ class VariantContext:
     def load_and_quantize(self) -> None:
         self.rss_before_load_bytes = rss_bytes()
         start = time.perf_counter()
-        self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
         path = shared_weights_path(self.recipe, self.variant, self.device, self.run_folder)
         saved = load_shared_weights(path, self.device) if path is not None else None
-        if saved is not None:  # another variant of this run solved the same weight format: reuse it
-            self.loaded.model, self.quantize_report = saved["model"], saved["report"]
+        if saved is not None:  # another variant of this run solved the same weight format: reuse it, no base load
+            spec = self.recipe.model
+            self.loaded = LoadedModel(saved["model"], load_tokenizer(spec), model_location(spec))
+            self.quantize_report = saved["report"]
             self.quantize_s = round(time.perf_counter() - start, 3)
             self.weights_source = {"reused": _relative(path, self.run_folder), "quantize_s": saved["quantize_s"],
                                    "by_variant": saved["variant"]}
             return
+        self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
         weight = self.variant.weight
         calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
         self.quantize_report = quantize_(self.loaded.model, weight, calibration)

@@ -26,12 +26,6 @@ def default_exclude(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if head is not None and m is head]
 
 
-def head_format(fmt: WeightFormat, head: str) -> WeightFormat | None:
-    """The format ``fmt`` gives the output head ``head`` (a module name), or None: the head is kept
-    (``WeightFormat.head_format``); ``quantize_`` refuses one that would calibrate it."""
-    return fmt.head_format(head)
-
-
 def select_linears(model: nn.Module) -> tuple[list[str], list[str]]:
     """Split the linear modules into (selected, kept): the default selection takes every linear but the output
     head (``default_exclude``)."""
@@ -63,7 +57,7 @@ def quantize_(
     fmt.prepare_model_(model)
     selected, kept = select_linears(model)
     for head in default_exclude(model):
-        found = head_format(fmt, head) if head in kept else None
+        found = fmt.head_format(head) if head in kept else None
         if found is not None and found.calibrates_head:
             raise ValueError(f"the output head ({head}) takes only formats without calibration data, not {found.label}")
         if found is not None:

@@ -128,6 +128,11 @@ def _evidence(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     return html_table(["figure", "value", "source", "where / how"], items, left=4)
 
 
+def _plain(line: str) -> str:
+    """A Markdown line of the text module as escaped HTML text (emphasis and code marks dropped)."""
+    return esc(line.replace("**", "").replace("`", ""))
+
+
 def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     """The whole report page."""
     recipe = manifest.get("recipe", {})
@@ -147,12 +152,12 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         f"<b>{esc(baseline)}</b>; {len(rows)} variants.</p>",
         "" if manifest.get("complete", True) else
         '<p class="banner">Incomplete run: some variants have not been measured yet; run the same command to resume.</p>',
-        f'<p class="banner">{esc(note[-1].replace("**", "").replace("`", ""))}</p>' if note else "",
-        *(f'<p class="note">{esc(line.replace("**", ""))}</p>' for line in gguf_note(manifest)[1:]),
+        f'<p class="banner">{_plain(note[-1])}</p>' if note else "",
+        *(f'<p class="note">{_plain(line)}</p>' for line in gguf_note(manifest)[1:]),
         "<h2>Summary</h2>", _summary(frame, baseline, front, main),
         '<p class="note">× base: ratio to the baseline row. ◆: on the Pareto front of perplexity against weights + KV '
         "bytes. Failed variants keep their error.</p>",
-        *(f'<p class="banner">{esc(line.replace("**", "").replace("`", ""))}</p>' for line in kv_unread_note(rows)[1:]),
+        *(f'<p class="banner">{_plain(line)}</p>' for line in kv_unread_note(rows)[1:]),
         "<h2>Perplexity against bytes</h2>",
         _figure(pareto_plot(frame, baseline), "plot-pareto",
                 "Pareto front (ringed): " + (", ".join(on_front) or "no variant with both figures")),

@@ -35,6 +35,8 @@ from ..quant import WEIGHT_FORMATS, WeightFormat
 from ..registry import Registry
 from ..validation import first_error, unknown_field_message
 
+DEFAULT_KV_FORMAT = "native"  # the cache a recipe without kv_cache measures: transformers' own
+
 PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
 
 
@@ -184,7 +186,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _check(self) -> "Recipe":
         if not self.kv_cache:
-            object.__setattr__(self, "kv_cache", [KV_FORMATS["native"].build()])
+            object.__setattr__(self, "kv_cache", [KV_FORMATS[DEFAULT_KV_FORMAT].build()])
         labels = [v.label for v in self.variants()]
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
@@ -366,7 +368,7 @@ def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = N
     evaluations = data.get("evaluations")
     if isinstance(evaluations, dict) and isinstance(evaluations.get("perplexity"), dict):
         kv = [KV_FORMATS.canonical_name(k) for k in data.get("kv_cache") or []]
-        compares_kv = any(name != "native" for name in kv)  # quality must then read the cache, unless told not to
+        compares_kv = any(name != DEFAULT_KV_FORMAT for name in kv)  # quality must then read the cache, unless told not to
         entry = {"protocol": DEFAULT_KV_PROTOCOL if compares_kv else DEFAULT_PROTOCOL, **evaluations["perplexity"]}
         evaluations["perplexity"] = resolve_format(PERPLEXITY_PROTOCOLS, entry, file, "evaluations.perplexity", "protocol")
     try:

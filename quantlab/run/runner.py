@@ -73,8 +73,7 @@ def check_against_model(recipe: Recipe) -> None:
     config = load_config(recipe.model)
     problem = weight_files_problem(recipe.model)
     if problem:
-        source = next(k for k in ("bundled", "path", "package", "hub", "config") if getattr(recipe.model, k))
-        raise RecipeError(recipe.source, f"model.{source}", problem)
+        raise RecipeError(recipe.source, f"model.{recipe.model.source_field}", problem)
     for i, kv in enumerate(recipe.kv_cache):
         problem = kv.check(config)
         if problem:

@@ -67,12 +67,13 @@ def leave_out_unread_kv(rows: list[dict[str, Any]], baseline: str) -> None:
     base_kv = next((r.get("kv_format") for r in rows if r.get("variant") == baseline), None)
     if base_kv is None:
         return
+    shown_by = [(name, m, {f for c in m.columns_for(rows) for f in (c.field, *(c.spread or ()))})
+                for name, m in all_measurements()]
     for row in rows:
         if row.get("status") != "ok" or row.get("kv_format") == base_kv:
             continue
         left_out = []
-        for name, m in all_measurements():
-            shown = {f for c in m.columns_for(rows) for f in (c.field, *(c.spread or ()))}
+        for name, m, shown in shown_by:
             numbers = {f for f in m.result.model_fields if isinstance(row.get(f), (int, float))}
             fields = sorted(f for f in shown | numbers if row.get(f) is not None)
             if fields and m.reads_kv_cache(row) is False:

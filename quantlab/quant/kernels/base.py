@@ -109,6 +109,47 @@ class DequantKernel(Kernel):
                                     self.cpu_block_elements)
 
 
+OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}  # the dtypes the C kernels write, by their code in native/*.c
+
+
+def traced(eager: Callable, op: Callable) -> Callable:
+    """``op`` (the registered torch op) under ``torch.compile``, else the plain function (eager calls skip the
+    dispatcher's overhead, ~15 us a call)."""
+    return op if torch.compiler.is_compiling() else eager
+
+
+class FusedRowsKernel(Kernel):
+    """A C kernel pair: a fused product for a decode step's few rows (up to ``max_fused_rows``, the weight read
+    once and decoded in registers), and dequantization of blocks of output rows for longer inputs (prefill,
+    perplexity windows), which then use the dense matmul. Subclasses give ``fused`` and ``rows``."""
+
+    max_fused_rows: ClassVar[int] = 8  # rows of x up to which the fused product beats dequantize+matmul (2 cores)
+    cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows for longer inputs
+    shape: tuple[int, int]
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [M, in]`` float32 times the weight, transposed: ``[M, out]`` float32."""
+        raise NotImplementedError
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``[row0, row1)`` of the weight as ``dtype`` (one of ``OUT_KINDS``)."""
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.rows(0, self.shape[0], torch.float32).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.shape[1])
+        if x2.shape[0] <= self.max_fused_rows:
+            y = self.fused(x2.float())
+        else:
+            dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
+            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self.rows(start, stop, dense), self.shape,
+                                     self.cpu_block_elements)
+        return y.reshape(*lead, -1).to(x.dtype)
+
+
 def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int],
                          block_elements: int) -> torch.Tensor:
     """``x @ Wᵀ`` with W built ``rows(start, stop)`` a block of output rows at a time (about ``block_elements``

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import ClassVar
 
 import torch
 
 from ..tensors.affine import QuantizedTensor
 from ..tensors.float_zero import FloatZeroTensor
 from . import native
-from .base import KERNELS, Kernel, act_order_columns, linear_in_row_blocks
+from .base import KERNELS, OUT_KINDS, FusedRowsKernel, act_order_columns, traced
 
 BLOCK = 32  # codes per block: input widths and group sizes must be multiples of it
 SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}
 
 
 def to_bitplanes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -91,7 +89,7 @@ def bitplane_dequantize(planes: torch.Tensor, scales: torch.Tensor, zeros: torch
     return out
 
 
-# The same functions as torch ops, for torch.compile (eager calls skip the dispatcher's overhead, ~15 us a call).
+# The same functions as torch ops, for torch.compile.
 matmul_op = torch.library.custom_op("quantlab::bitplane_matmul", bitplane_matmul, mutates_args=())
 dequantize_op = torch.library.custom_op("quantlab::bitplane_dequantize", bitplane_dequantize, mutates_args=())
 
@@ -107,15 +105,13 @@ def _(planes, scales, zeros, bits, group, n_in, row0, row1, dtype):
 
 
 @KERNELS.register
-class BitplaneCPUKernel(Kernel):
+class BitplaneCPUKernel(FusedRowsKernel):
     """Codes of any width in bit planes, with the packed format's scales and zero points as they are (integer codes
     packed, or HQQ's float zero points), so the bytes held are the format's; fused C matmul for decode steps."""
 
     path = "bitplane_cpu"
     preference = 50
     tensor_type = (QuantizedTensor, FloatZeroTensor)
-    max_fused_rows: ClassVar[int] = 8  # rows of x up to which the fused product beats dequantize+matmul (2 cores)
-    cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows for longer inputs
 
     def __init__(self, q: QuantizedTensor | FloatZeroTensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -147,13 +143,16 @@ class BitplaneCPUKernel(Kernel):
         return QuantizedTensor.analytic_nbytes(self.shape, self.bits, self.group_size, self.zeros is None,
                                                self.scales.element_size(), self.column_order is not None)
 
-    def _rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        op = dequantize_op if torch.compiler.is_compiling() else bitplane_dequantize
-        return op(self.planes, self.scales, self.zeros, self.bits, self.group, self.shape[1],
-                                   row0, row1, dtype)
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(bitplane_matmul, matmul_op)(x, self.planes, self.scales, self.zeros, self.bits, self.group)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows of the weight with its columns in stored (act-order sorted) order."""
+        return traced(bitplane_dequantize, dequantize_op)(self.planes, self.scales, self.zeros, self.bits, self.group,
+                                                          self.shape[1], row0, row1, dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        w = self._rows(0, self.shape[0], torch.float32)
+        w = self.rows(0, self.shape[0], torch.float32)
         if self.column_order is not None:
             w = w[:, torch.argsort(self.column_order.long())]
         return w.to(dtype)
@@ -161,15 +160,4 @@ class BitplaneCPUKernel(Kernel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.column_order is not None:
             x = x.index_select(-1, self.column_order)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.shape[1])
-        if x2.shape[0] <= self.max_fused_rows:
-            op = matmul_op if torch.compiler.is_compiling() else bitplane_matmul
-            y = op(x2.float(), self.planes, self.scales, self.zeros, self.bits, self.group)
-        else:
-            dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
-            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self._rows(start, stop, dense), self.shape,
-                                     self.cpu_block_elements)
-        return y.reshape(*lead, -1).to(x.dtype)
-
-
+        return super().forward(x)

@@ -12,9 +12,8 @@ import torch
 
 from ..tensors.float8 import Float8Tensor
 from . import native
-from .base import KERNELS, Kernel, linear_in_row_blocks
+from .base import KERNELS, OUT_KINDS, FusedRowsKernel, Kernel, traced
 
-OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}
 KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kernel's code
 
 
@@ -65,15 +64,13 @@ def _(data, scales, row0, row1, dtype):
 
 
 @KERNELS.register
-class FP8CPUKernel(Kernel):
+class FP8CPUKernel(FusedRowsKernel):
     """Float8 codes (e4m3fn, e5m2) as stored with their float32 scales; fused C matmul for decode steps (each code
     widened to a float in registers), C dequantization of row blocks for longer inputs."""
 
     path = "fp8_cpu"
     preference = 60
     tensor_type: ClassVar[type] = Float8Tensor
-    max_fused_rows: ClassVar[int] = 8
-    cpu_block_elements: ClassVar[int] = 1 << 19
 
     @classmethod
     def supports(cls, q: Float8Tensor, device: torch.device, dtype: torch.dtype) -> bool:
@@ -90,24 +87,11 @@ class FP8CPUKernel(Kernel):
     def analytic_nbytes(self) -> int:
         return Float8Tensor.analytic_nbytes(self.shape, self.scales.shape[0] == 1 and self.shape[0] > 1)
 
-    def _rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        op = dequantize_op if torch.compiler.is_compiling() else fp8_dequantize
-        return op(self.data, self.scales, row0, row1, dtype)
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(fp8_matmul, matmul_op)(x, self.data, self.scales)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self._rows(0, self.shape[0], torch.float32).to(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.shape[1])
-        if x2.shape[0] <= self.max_fused_rows:
-            op = matmul_op if torch.compiler.is_compiling() else fp8_matmul
-            y = op(x2.float(), self.data, self.scales)
-        else:
-            dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
-            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self._rows(start, stop, dense), self.shape,
-                                     self.cpu_block_elements)
-        return y.reshape(*lead, -1).to(x.dtype)
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(fp8_dequantize, dequantize_op)(self.data, self.scales, row0, row1, dtype)
 
 
 @KERNELS.register

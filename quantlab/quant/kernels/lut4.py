@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import ClassVar
 
 import torch
 
 from ..tensors.codebook import CODEBOOKS, CodebookTensor, dynamic_map
 from . import native
-from .base import KERNELS, Kernel, linear_in_row_blocks
+from .base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
 
-OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}
 ABSMAX_F32, ABSMAX_DQ = 0, 1
 
 
@@ -70,7 +68,7 @@ def lut4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Te
     return out
 
 
-# The same functions as torch ops, for torch.compile (eager calls skip the dispatcher's overhead).
+# The same functions as torch ops, for torch.compile.
 matmul_op = torch.library.custom_op("quantlab::lut4_matmul", lut4_matmul, mutates_args=())
 dequantize_op = torch.library.custom_op("quantlab::lut4_dequantize", lut4_dequantize, mutates_args=())
 
@@ -86,15 +84,13 @@ def _(packed, absmax, scale2, offset, codebook, block, n_in, row0, row1, dtype):
 
 
 @KERNELS.register
-class Lut4CPUKernel(Kernel):
+class Lut4CPUKernel(FusedRowsKernel):
     """A 4-bit codebook weight as stored (codes two per byte, block maxima float32 or double-quantized); fused C
     matmul through the table for decode steps, C dequantization of row blocks for longer inputs."""
 
     path = "lut4_cpu"
     preference = 55
     tensor_type = CodebookTensor
-    max_fused_rows: ClassVar[int] = 8  # rows of x up to which the fused product beats dequantize+matmul (2 cores)
-    cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows for longer inputs
 
     def __init__(self, q: CodebookTensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -114,23 +110,10 @@ class Lut4CPUKernel(Kernel):
     def analytic_nbytes(self) -> int:
         return CodebookTensor.analytic_nbytes(self.shape, self.block, self.absmax_scale is not None)
 
-    def _rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        op = dequantize_op if torch.compiler.is_compiling() else lut4_dequantize
-        return op(self.packed, self.absmax, self.absmax_scale, self.absmax_offset, self.codebook, self.block,
-                  self.shape[1], row0, row1, dtype)
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(lut4_matmul, matmul_op)(x, self.packed, self.absmax, self.absmax_scale, self.absmax_offset,
+                                              self.codebook, self.block)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self._rows(0, self.shape[0], torch.float32).to(dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.shape[1])
-        if x2.shape[0] <= self.max_fused_rows:
-            op = matmul_op if torch.compiler.is_compiling() else lut4_matmul
-            y = op(x2.float(), self.packed, self.absmax, self.absmax_scale, self.absmax_offset, self.codebook,
-                   self.block)
-        else:
-            dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
-            y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self._rows(start, stop, dense), self.shape,
-                                     self.cpu_block_elements)
-        return y.reshape(*lead, -1).to(x.dtype)
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(lut4_dequantize, dequantize_op)(self.packed, self.absmax, self.absmax_scale, self.absmax_offset,
+                                                      self.codebook, self.block, self.shape[1], row0, row1, dtype)

@@ -55,14 +55,15 @@ def load(name: str) -> ctypes.CDLL:
         raise UnsupportedError(f"the {name} kernel is compiled at first use and no C compiler was found "
                                "(install gcc, or set CC)")
     source = SOURCES / f"{name}.c"
-    key = hashlib.sha256("\0".join([source.read_text(), cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
+    headers = [h.read_text() for h in sorted(SOURCES.glob("*.h"))]  # what the source includes
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
             try:
-                done = subprocess.run([cc, *FLAGS, str(source), "-o", str(built)], capture_output=True, text=True,
+                done = subprocess.run([cc, *FLAGS, f"-I{SOURCES}", str(source), "-o", str(built)], capture_output=True, text=True,
                                       timeout=BUILD_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise UnsupportedError(f"building the {name} kernel with {cc} failed: {e}") from None

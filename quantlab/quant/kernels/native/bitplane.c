@@ -9,14 +9,8 @@
    last group may be shorter). Scales are float32, float16 or bfloat16 (scale_kind 0, 1, 2); zeros are `bits`-bit
    codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), float zero points
    in code units stored like the scales (zero_row_bytes -1: HQQ's form), or absent (NULL: every zero is sym_zero). Compiled at first use with the machine's C compiler. */
-#include <stdint.h>
-#include <string.h>
+#include "common.h"
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
-enum { F32 = 0, F16 = 1, BF16 = 2 };
 
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
@@ -32,11 +26,6 @@ static inline float half_to_float(uint16_t h) {
 
 static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
-static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch does */
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
 
 static inline float load_scale(const void* scales, int kind, size_t i) {
     if (kind == F32) return ((const float*)scales)[i];
@@ -96,11 +85,6 @@ static inline __m256i decode_block_avx2(const uint8_t* blk, int bits) {
         codes = _mm256_or_si256(codes, _mm256_and_si256(v, _mm256_set1_epi8((char)(1 << (2 * n2)))));
     }
     return codes;
-}
-
-static inline float hsum(__m256 v) {
-    float t[8]; _mm256_storeu_ps(t, v);
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
 
 /* R rows of x (R <= 4, a constant after inlining) against output rows [n0, n1). */

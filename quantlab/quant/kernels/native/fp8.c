@@ -6,22 +6,14 @@
    subnormal codes alike (the biases differ by 8), so the factor 256 goes into the row's scale. Eight codes at a
    time are widened this way and converted with F16C in registers. Compiled at first use with the machine's C
    compiler. */
-#include <stdint.h>
-#include <string.h>
+#include "common.h"
 
 #if defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
 #define FP8_SIMD 1
 #endif
 
-enum { F32 = 0, BF16 = 2 };
 enum { E4M3 = 0, E5M2 = 1 };
 
-static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch does */
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
 
 /* The value of one code (finite codes; e4m3 without the 2^-8 factor removed: see below). */
 static inline float decode(uint8_t b, int kind) {
@@ -47,11 +39,6 @@ static inline __m256 widen8(const uint8_t* p, int kind) {
         : _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
                        _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
     return _mm256_cvtph_ps(h);
-}
-
-static inline float hsum(__m256 v) {
-    float t[8]; _mm256_storeu_ps(t, v);
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
 
 static inline __attribute__((always_inline)) void rows_simd(const uint8_t* w, const float* scales, int per_tensor, int kind,

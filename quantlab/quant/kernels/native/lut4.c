@@ -9,21 +9,10 @@
    offset. A decode step's few rows of activations are multiplied by the codes directly: 32 codes at a time are
    split out of their nibbles and looked up in the table in registers, never written out. Compiled at first use
    with the machine's C compiler. */
-#include <stdint.h>
-#include <string.h>
+#include "common.h"
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
-enum { F32 = 0, BF16 = 2 };
 enum { ABSMAX_F32 = 0, ABSMAX_DQ = 1 };
 
-static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as torch does */
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
 
 /* The scale of block b. */
 static inline float block_scale(const void* absmax, int kind, const float* scale2, const float* offset,
@@ -48,11 +37,6 @@ static inline void decode32(const uint8_t* p, __m256 lo, __m256 hi, __m256 v[4])
     v[1] = lookup8(_mm256_cvtepu8_epi32(_mm_srli_si128(c0, 8)), lo, hi);
     v[2] = lookup8(_mm256_cvtepu8_epi32(c1), lo, hi);
     v[3] = lookup8(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8)), lo, hi);
-}
-
-static inline float hsum(__m256 v) {
-    float t[8]; _mm256_storeu_ps(t, v);
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
 }
 
 static inline __attribute__((always_inline)) void rows_avx2(
