@@ -1,21 +1,26 @@
 """Decode speed of a real model shape (random weights) for every weight format, with its roofline share.
 
     python benchmarks/decode.py --shape llama-3.2-1b [--formats bf16 int8 int4-g128] [--layers N] [--rounds 3]
+    python benchmarks/decode.py --shape smollm2-135m --formats int4-g32 --kv native fp8 int8 int4 int2 int2-kivi \
+        --positions 512 2048 4096 --engines compiled
 
 Builds the model from its published configuration (no weights are downloaded), applies each format once,
 then times greedy decoding with each engine (``eager``: DynamicCache; ``compiled``: static cache +
-torch.compile, with the options recorded in results), warm-up first, device synchronized. The formats are
-interleaved round by round (every format once per round), so a change in the machine's load touches them
-all alike; each figure is the median over the rounds' steps. It prints ms/token with p10–p90, tokens/s, the
-ratio to bf16, and the share of the memory-bandwidth roofline: bytes one step reads (weights + KV cache) /
-the copy bandwidth measured first. ``--layers`` keeps only the first N layers (a quick check on small machines).
+torch.compile, with the options recorded in results; ``auto``: compiled where it captures), warm-up first,
+device synchronized. The formats are interleaved round by round (every format once per round), so a change in
+the machine's load touches them all alike; each figure is the median over the rounds' steps. It prints ms/token
+with p10–p90, tokens/s, the ratio to bf16, and the share of the memory-bandwidth roofline: bytes one step reads
+(weights + KV cache) / the copy bandwidth measured first. ``--layers`` keeps only the first N layers (a quick
+check on small machines). ``--kv`` prints the KV table instead: every weight format × KV format × prompt length
+in ``--positions``, interleaved the same way, with the ratio to the native cache at the same length.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PretrainedConfig
 
 from quantlab import quantize_
 from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
@@ -34,6 +39,19 @@ SHAPES = {  # published architecture numbers
     # SmolLM2-135M: 576-wide inputs, so groups of 128 end in a group of 64.
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True),
+    # Gemma 3 270M: 15 sliding (window 512) and 3 global layers, one KV head of 256.
+    "gemma3-270m": dict(hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+                        num_key_value_heads=1, head_dim=256, vocab_size=262144, tie_word_embeddings=True,
+                        sliding_window=512, query_pre_attn_scalar=256),
+}
+CONFIGS = {"gemma3-270m": Gemma3TextConfig}  # the others are Llama shapes
+KV = {  # the KV table's formats: name -> (registered format, fields)
+    "native": ("native", {}),
+    "fp8": ("fp8", {}),
+    "int8": ("int8", {"group_size": 64, "residual_tokens": 128}),
+    "int4": ("int4", {"group_size": 64, "residual_tokens": 128}),
+    "int2": ("int2", {"group_size": 64, "residual_tokens": 128}),
+    "int2-kivi": ("int2", {"key_axis": "channel", "group_size": 32, "residual_tokens": 128}),
 }
 BF16 = {"compute_dtype": "bfloat16"}
 FORMATS = {
@@ -65,22 +83,69 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every format once per round)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--engines", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    p.add_argument("--engines", nargs="+", choices=["eager", "compiled", "auto"], default=["eager", "compiled"])
+    p.add_argument("--kv", nargs="+", choices=KV, default=None, help="print the KV table for these KV formats")
+    p.add_argument("--positions", nargs="+", type=int, default=[512, 2048, 4096], help="the KV table's prompt lengths")
     args = p.parse_args()
     device = resolve_device(args.device)
-    shape = dict(SHAPES[args.shape], **({"num_hidden_layers": args.layers} if args.layers else {}))
-    config = LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **shape)
+    config = shape_config(args.shape, args.layers)
+    shape = config.to_dict()
     bandwidth = copy_bandwidth_bytes_per_s(device)
     print(f"{args.shape} ({shape['num_hidden_layers']} layers), device {device}, copy bandwidth {bandwidth / 1e9:.1f} GB/s, "
           f"batch {args.batch_size}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, {args.rounds} round(s)")
     models = {name: build(name, config, device) for name in args.formats}
+    if args.kv:
+        for engine in args.engines:
+            kv_table(engine, args, models, bandwidth, device)
+        return
     print(f"{'engine':<9} {'format':<18} {'kernel':<22} {'weights MB':>10} {'ms/token (p10–p90)':>24} {'tok/s':>8} "
           f"{'vs bf16':>8} {'roofline':>9}")
     for engine in args.engines:
         run_engine(engine, args, models, bandwidth, device)
 
 
-def build(name: str, config: LlamaConfig, device: torch.device) -> torch.nn.Module:
+def shape_config(shape: str, layers: int | None = None) -> PretrainedConfig:
+    fields = dict(SHAPES[shape], **({"num_hidden_layers": layers} if layers else {}))
+    if shape in CONFIGS:
+        return CONFIGS[shape](max_position_embeddings=8192, **fields)
+    return LlamaConfig(max_position_embeddings=8192, rope_theta=500000.0, **fields)
+
+
+def kv_table(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.Module], bandwidth: float,
+             device: torch.device) -> None:
+    """Every weight format x KV format x prompt length, interleaved round by round; the ratio is to the native
+    cache's step at the same weight format and length."""
+    kvs = {name: KV_FORMATS[KV[name][0]].build(**KV[name][1]) for name in args.kv}
+    cells = [(w, k, n) for n in args.positions for w in models for k in kvs]
+    steps: dict[tuple, list[float]] = {cell: [] for cell in cells}
+    result = {}
+    for _ in range(args.rounds):
+        for cell in cells:
+            w, k, n = cell
+            result[cell] = measure_decode(models[w], kvs[k], batch_size=args.batch_size, prompt_tokens=n,
+                                          new_tokens=args.new_tokens, warmup_runs=1, prefill_repeats=1, seed=0,
+                                          device=device, engine=engine)
+            steps[cell] += result[cell].decode_ms
+    print(f"{'engine':<9} {'weights':<10} {'KV':<10} {'positions':>9} {'KV MB':>8} {'MB read/step':>12} "
+          f"{'ms/token (p10–p90)':>24} {'vs native':>9} {'roofline':>9} {'prefill ms':>10}  engine used")
+    for cell in cells:
+        w, k, n = cell
+        r = result[cell]
+        r.decode_ms = steps[cell]
+        row = {**r.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(models[w]),
+               "prompt_tokens": n, "memory_bandwidth_bytes_per_s": bandwidth, "decode_steps": args.new_tokens}
+        row.update(Roofline().derive(row).model_dump())
+        native = (w, "native", n)
+        ratio = (f"{row['decode_ms_per_token'] / statistics.median(steps[native]):>8.2f}x" if native in steps
+                 else f"{'—':>9}")
+        spread = f"{row['decode_ms_per_token']:.2f} ({row['decode_ms_p10']:.2f}–{row['decode_ms_p90']:.2f})"
+        used = r.engine_options.get("engine_choice", r.engine)
+        print(f"{engine:<9} {w:<10} {k:<10} {n:>9} {row['kv_cache_bytes'] / 1e6:>8.2f} "
+              f"{row['decode_bytes_read_per_step'] / 1e6:>12.1f} {spread:>24} {ratio} {row['roofline_share']:>8.1%} "
+              f"{row['prefill_ms']:>10.0f}  {used}")
+
+
+def build(name: str, config: PretrainedConfig, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()

@@ -21,9 +21,8 @@ import ast
 import statistics
 
 import torch
-from decode import FORMATS, SHAPES, build
+from decode import FORMATS, SHAPES, build, shape_config
 from torch.profiler import ProfilerActivity, profile
-from transformers import LlamaConfig
 
 from quantlab.engine import compiled
 from quantlab.engine import decode as latency
@@ -46,7 +45,7 @@ def main() -> None:
     args = p.parse_args()
     cpu = torch.device("cpu")
     inductor = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.inductor)}
-    model = build(args.format, LlamaConfig(max_position_embeddings=8192, **SHAPES[args.shape]), cpu)
+    model = build(args.format, shape_config(args.shape), cpu)
     engine = latency.DecodeEngine(model, KV_FORMATS["native"].build(), cpu, args.engine,
                                   args.prompt_tokens + 8 + args.steps,
                                   {"attention": args.attention, "module_guards": args.module_guards,

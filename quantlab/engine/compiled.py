@@ -1,7 +1,7 @@
 """The compiled engine's decode step: ``torch.compile`` of the model's forward over a static cache, and what it sets.
 
 On CPU the compiled engine also removes what dominates a small model's step once the weights are read
-quickly (``benchmarks/profile_decode.py`` shows the shares): the attention runs as plain matmuls and
+quickly (``benchmarks/profile_decode.py`` shows the shares): the attention runs as grouped products and
 softmax, which inductor fuses into the step's graph, instead of the fused SDPA kernel's per-call setup;
 half-precision linears and int8 weights multiply a single row as one fused loop over the weight
 (``fused_row_matmul``) instead of ``aten::mm``'s batch-1 path; inductor writes a pointwise chain out once
@@ -21,19 +21,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..quant.kernels.base import fused_row_matmul, use_fused_row_matmul
+from .attention import FUSED_NAME as FUSED_ATTENTION
+from .attention import NAME as ATTENTION
+from .attention import register as register_attention
 
 
 def compile_options(device: torch.device) -> dict[str, Any]:
     """What the compiled engine sets: torch.compile of the decode step over a static cache; on CUDA also
     CUDA graphs (mode reduce-overhead) and gpt-fast's inductor flags, which decide int8 speed there; on CPU
-    eager attention inside the graph, module guards skipped, half-precision linears as fused one-row matmuls,
+    quantlab's grouped attention (``attention.py``: fused into the graph for decode rows, SDPA for the prefill), module guards skipped, half-precision linears as fused one-row matmuls,
     and the thread count it ran with."""
     if device.type == "cuda":
         return {"mode": "reduce-overhead", "dynamic": False, "inductor": {
             "coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}}
     # realize_opcount_threshold: a chain of more than 4 pointwise ops (RMSNorm's scaling, SiLU x up) is written out
     # once, not inlined into the one-row matmul's loop over the weight, which would recompute it for every row.
-    return {"mode": "default", "dynamic": False, "attention": "eager", "module_guards": "skipped",
+    return {"mode": "default", "dynamic": False, "attention": ATTENTION, "module_guards": "skipped",
             "half_linears": "fused_row_matmul", "threads": torch.get_num_threads(),
             "inductor": {"fx_graph_cache": True, "realize_opcount_threshold": 4}}
 
@@ -88,6 +91,8 @@ def attention_implementation(model: nn.Module, name: str | None) -> Any:
     """Run the ``with`` block with the model's attention set to ``name`` (None: as it is), restored after.
     Yields the implementation in effect: the model's own where it cannot take ``name``."""
     before = getattr(model.config, "_attn_implementation", None)
+    if name in (ATTENTION, FUSED_ATTENTION):
+        register_attention()
     if name is None or before == name or not hasattr(model, "set_attn_implementation"):
         yield before
         return

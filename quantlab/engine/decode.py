@@ -1,7 +1,8 @@
 """Decode latency: prefill and per-token decode times after warm-up, device synchronized.
 
 Engine ``eager``: a greedy loop over ``model.forward`` with the KV format's (dynamic) cache, as
-transformers' ``generate`` runs it, without its logits processors. Engine ``compiled``: the same loop
+transformers' ``generate`` runs it, without its logits processors, with quantlab's grouped attention
+(``attention.py``) where the architecture takes it. Engine ``compiled``: the same loop
 with a static cache and a ``torch.compile``d decode step (``compiled.py``), as transformers' auto-compiled
 generation does; compilation happens in the warm-up and is timed apart from it (``compile_s``).
 """
@@ -16,9 +17,18 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..errors import UnsupportedError
 from ..kv import KVFormat
 from ..kv.hf_compat import cache_kwarg
-from .compiled import attention_implementation, compile_options, compiled_step, fused_row_linears, inductor_options
+from .compiled import (
+    ATTENTION,
+    FUSED_ATTENTION,
+    attention_implementation,
+    compile_options,
+    compiled_step,
+    fused_row_linears,
+    inductor_options,
+)
 from .device import timed_ms
 from .machine_load import watch_machine
 from .memory import PeakMemory, cuda_devices_of
@@ -58,6 +68,7 @@ def prompt_ids(vocab_size: int, batch_size: int, prompt_tokens: int, seed: int, 
 
 
 ENGINES = ("eager", "compiled")
+AUTO = "auto"  # compiled where the step captures, eager otherwise (measure_decode records why)
 
 
 class Generation:
@@ -107,23 +118,26 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, kv: KVFormat, device: torch.device, engine: str = "eager",
                  max_cache_len: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if engine not in ENGINES:
+        if engine not in ENGINES:  # "auto" is measure_decode's choice between them
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         if engine == "compiled" and max_cache_len is None:
             raise ValueError("the compiled engine decodes over a static cache: give max_cache_len")
         self.model, self.kv, self.device, self.name = model, kv, device, engine
         self.compiled = engine == "compiled"
         self.max_cache_len = max_cache_len if self.compiled else None
-        self.options: dict[str, Any] = {**compile_options(device), **(options or {})} if self.compiled else {}
+        self.options: dict[str, Any] = ({**compile_options(device), **(options or {})} if self.compiled
+                                        else {"attention": ATTENTION, **(options or {})})
+        if self.compiled and self.options.get("attention") == ATTENTION and kv.dequantizes_on_read:
+            self.options["attention"] = FUSED_ATTENTION
         self.step: Callable[..., Any] | None = None
         self._context = contextlib.ExitStack()
 
     def __enter__(self) -> "DecodeEngine":
+        if "attention" in self.options:
+            self.options["attention"] = self._context.enter_context(
+                attention_implementation(self.model, self.options["attention"]))
         if self.compiled:
             self._context.enter_context(inductor_options(self.device, self.options["inductor"]))
-            if "attention" in self.options:
-                self.options["attention"] = self._context.enter_context(
-                    attention_implementation(self.model, self.options["attention"]))
             if (self.options.get("half_linears") == "fused_row_matmul"
                     and not self._context.enter_context(fused_row_linears(self.model))):
                 self.options["half_linears"] = "none in the model"
@@ -154,11 +168,51 @@ def measure_decode(
     """Warm up, time ``prefill_repeats`` prefills, then one generation of ``new_tokens`` steps.
 
     Peak memory is tracked for the prefill and for the decode steps of the last generation; the KV
-    cache it leaves is measured from its tensors and beside the format's formula.
+    cache it leaves is measured from its tensors and beside the format's formula. ``engine="auto"``: the
+    compiled engine, or the eager one where the KV format has no static cache or the step does not compile;
+    ``engine_options["engine_choice"]`` says which and why.
     """
-    with DecodeEngine(model, kv, device, engine, prompt_tokens + new_tokens) as decode:
-        return _measure_decode(decode, batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                               warmup_runs=warmup_runs, prefill_repeats=prefill_repeats, seed=seed)
+    kwargs = dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens, warmup_runs=warmup_runs,
+                  prefill_repeats=prefill_repeats, seed=seed)
+    if engine != AUTO:
+        with DecodeEngine(model, kv, device, engine, prompt_tokens + new_tokens) as decode:
+            return _measure_decode(decode, **kwargs)
+    reason = kv_static_problem(kv, model)
+    if reason is None:
+        try:
+            with DecodeEngine(model, kv, device, "compiled", prompt_tokens + new_tokens) as decode:
+                result = _measure_decode(decode, **kwargs)
+            result.engine_options["engine_choice"] = "auto: compiled"
+            return result
+        except COMPILE_ERRORS as e:
+            reason = f"the step did not compile ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+    with DecodeEngine(model, kv, device, "eager") as decode:
+        result = _measure_decode(decode, **kwargs)
+    result.engine_options["engine_choice"] = f"auto: eager, {reason}"
+    return result
+
+
+def kv_static_problem(kv: KVFormat, model: nn.Module) -> str | None:
+    """Why ``kv`` has no static cache for this model (the compiled engine cannot take it), or None."""
+    try:
+        kv.make_cache(model.config, 2)
+    except UnsupportedError as e:
+        return str(e)
+    return None
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [torch._dynamo.exc.TorchDynamoException]
+    try:
+        from torch._inductor.exc import InductorError
+
+        errors.append(InductorError)
+    except ImportError:  # older torch: inductor errors arrive as BackendCompilerFailed
+        pass
+    return tuple(errors)
+
+
+COMPILE_ERRORS = _compile_errors()
 
 
 def _measure_decode(
@@ -189,8 +243,10 @@ def _measure_decode(
                                             for k, v in decode_peak.by_device.items()}}
            if decode_peak.by_device else {}),
         "kv_cache_bytes": kv.cache_bytes(gen.cache),
-        "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype),
+        "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype,
+                                                           static=decode.compiled),
         "kv_cache_tokens": prompt_tokens + new_tokens,
     }
-    options = dict(decode.options) if decode.compiled else {"cache": type(gen.cache).__name__, "compiled": False}
+    options = dict(decode.options) if decode.compiled else {
+        "cache": type(gen.cache).__name__, "compiled": False, **decode.options}
     return DecodeResult(statistics.median(prefills), steps, memory, decode.name, options, load[0].record())

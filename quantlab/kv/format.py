@@ -17,6 +17,7 @@ class KVFormat(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     example_fields: ClassVar[dict[str, Any] | None] = {}  # a small instance's fields, for the contract test
+    dequantizes_on_read: ClassVar[bool] = False  # its static cache computes keys and values from stored codes
 
     @property
     def label(self) -> str:
@@ -52,9 +53,11 @@ class KVFormat(BaseModel):
                     total += tensor.untyped_storage().nbytes()
         return total
 
-    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int | None:
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype,
+                             static: bool = False) -> int | None:
         """Bytes the format needs for ``tokens`` positions of ``batch_size`` sequences, from the config alone
-        (None where a backend decides its own layout)."""
+        (None where a backend decides its own layout); ``static``: in the static cache of ``tokens`` positions
+        that the compiled engine preallocates."""
         raise NotImplementedError
 
 

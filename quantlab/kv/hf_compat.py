@@ -1,6 +1,7 @@
 """Every place quantlab's KV caches touch transformers' cache internals, in one module.
 
-The packed formats subclass transformers' cache layers (``DynamicLayer``, ``DynamicSlidingWindowLayer``) and
+The packed formats subclass transformers' cache layers (``DynamicLayer``, ``DynamicSlidingWindowLayer``, and for
+the compiled engine ``StaticLayer``, ``StaticSlidingWindowLayer``: their ``cumulative_length`` counters) and
 call what those layers do not publish as API (and the forward argument a cache is passed in, ``cache_kwarg``): ``lazy_initialization`` (one argument before transformers 5.0,
 keys and values since), the sliding layer's ``cumulative_length`` counter, and ``QuantizedCache``'s
 ``_quantized_keys`` / ``_quantized_values``. The supported range is in pyproject.toml; CI runs the KV and runner
@@ -13,7 +14,12 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer  # noqa: F401  (re-exported bases)
+from transformers.cache_utils import (  # noqa: F401  (re-exported bases)
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 QUANTIZED_LAYER_TENSORS = ("_quantized_keys", "_quantized_values", "keys", "values")
 

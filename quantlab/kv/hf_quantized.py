@@ -62,5 +62,6 @@ class HFQuantizedKV(KVFormat):
                 total += tensor_bytes(tensor)
         return total
 
-    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> None:
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype,
+                             static: bool = False) -> None:
         return None  # the backend decides its layout

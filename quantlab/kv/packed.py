@@ -18,6 +18,7 @@ from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]
+FP16_TINY = torch.finfo(torch.float16).tiny
 
 
 class Chunk(Protocol):
@@ -136,7 +137,8 @@ class Codec:
         b, h, t, d = x.shape
         if self.bits is None:
             if self.dtype == torch.float8_e4m3fn:
-                scale = (x.abs().amax(-1, keepdim=True).float() / 448.0).clamp(min=1e-12).to(torch.float16)
+                # at least float16's smallest normal: a zero (a padding token's keys) or tiny row stays finite
+                scale = (x.abs().amax(-1, keepdim=True).float() / 448.0).clamp(min=FP16_TINY).to(torch.float16)
                 return CastChunk((x.float() / scale.float()).to(self.dtype), scale)
             return CastChunk(x.to(self.dtype), None)
         if self.axis == "token":  # groups along the head dimension, one row per position and head

@@ -22,30 +22,55 @@ SHORT = {**SHORT_DTYPE, "float8_e4m3fn": "fp8"}
 class PackedKVFormat(KVFormat):
     """Shared cache building and byte counting of formats stored through ``PackedKVLayer``."""
 
+    dequantizes_on_read: ClassVar[bool] = True
+
     def codecs(self) -> tuple[Codec, Codec, int]:
         raise NotImplementedError
 
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
-        if max_cache_len is not None:
-            raise UnsupportedError(f"KV format {self.label} has no static cache; use engine eager")
+        """Dynamic layers (``packed.py``), or with ``max_cache_len`` static ones (``static.py``)."""
         from transformers import Cache
 
+        key, value, residual = self.codecs()
+        if max_cache_len is not None:
+            problem = self.static_problem(config)
+            if problem:
+                raise UnsupportedError(f"KV format {self.label} has no static cache: {problem}; use engine eager")
+            from .static import StaticPackedLayer, StaticPackedSlidingLayer
+
+            return Cache(layers=[StaticPackedLayer(max_cache_len, key, value, residual) if window is None
+                                 else StaticPackedSlidingLayer(max_cache_len, window, key, value, residual)
+                                 for window in layer_windows(config)])
         from .packed import PackedKVLayer, PackedSlidingKVLayer
 
-        key, value, residual = self.codecs()
         return Cache(layers=[PackedKVLayer(key, value, residual) if window is None
                              else PackedSlidingKVLayer(window, key, value, residual) for window in layer_windows(config)])
+
+    def static_problem(self, config: PretrainedConfig) -> str | None:
+        """Why this format has no static cache for a model of this config, or None."""
+        key, value, _ = self.codecs()
+        if max(key.block, value.block) > 1 and any(w is not None for w in layer_windows(config)):
+            return "per-channel key blocks on sliding-window layers"
+        return None
 
     def cache_bytes(self, cache: Cache) -> int:
         return sum(layer.nbytes for layer in cache.layers)
 
-    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype) -> int:
+    def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype,
+                             static: bool = False) -> int:
         """Per layer: positions stored through the codecs + the residual in ``dtype``. A sliding-window layer
-        keeps the last ``window - 1`` positions (a per-channel block straddling the edge whole)."""
+        keeps the last ``window - 1`` positions (a per-channel block straddling the edge whole). ``static``:
+        the preallocated layout of a cache of ``tokens`` positions (``static.py``): a global layer stores
+        ``(tokens - residual) // block * block`` positions and rings ``residual + block - 1`` (at most
+        ``tokens``); a sliding layer of ``w = min(window, tokens)`` rings ``min(residual, w)`` and stores the
+        other ``w - residual``."""
         from .packed import PackedKVLayer
 
         _, heads, head_dim = attention_shape(config)
         key, value, residual_tokens = self.codecs()
+        if static:
+            return sum(self._static_layer_bytes(key, value, residual_tokens, window, batch_size, heads, head_dim,
+                                                tokens, dtype.itemsize) for window in layer_windows(config))
         residual = PackedKVLayer(key, value, residual_tokens).residual_after(tokens)
         stored = tokens - residual
         itemsize = dtype.itemsize
@@ -57,6 +82,18 @@ class PackedKVFormat(KVFormat):
             total += (key.nbytes(batch_size, heads, kept[0], head_dim) + value.nbytes(batch_size, heads, kept[1], head_dim)
                       + 2 * batch_size * heads * kept_residual * head_dim * itemsize)
         return total
+
+
+    @staticmethod
+    def _static_layer_bytes(key: Codec, value: Codec, residual: int, window: int | None, b: int, h: int, d: int,
+                            tokens: int, itemsize: int) -> int:
+        block = max(key.block, value.block)
+        if window is None:
+            ring, stored = min(tokens, residual + block - 1), max(0, tokens - residual) // block * block
+        else:
+            w = min(window, tokens)
+            ring, stored = min(residual, w), max(0, w - residual)
+        return key.nbytes(b, h, stored, d) + value.nbytes(b, h, stored, d) + 2 * b * h * ring * d * itemsize
 
 
 @KV_FORMATS.register("cast", "keys and values cast to a float dtype (field: dtype; fp8 with a scale per position)")

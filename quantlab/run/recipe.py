@@ -48,7 +48,9 @@ class Workload(Strict):
     new_tokens: int = Field(32, ge=2, description="decode steps timed per run")
     warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
-    engine: Literal["eager", "compiled"] = Field("eager", description="compiled: static cache + torch.compile")
+    engine: Literal["auto", "eager", "compiled"] = Field(
+        "auto", description="auto: compiled where the model and KV format capture, eager otherwise (the reason "
+                            "recorded); compiled: static cache + torch.compile; eager: dynamic cache")
 
     @field_validator("batch_size", "prompt_tokens", mode="before")
     @classmethod

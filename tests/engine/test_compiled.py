@@ -1,6 +1,7 @@
-"""The compiled engine on CPU: each architecture's decode steps over a static cache, compiled with eager
-attention, module guards skipped and fused one-row matmuls, give the eager model's logits; models compiled in
-turn keep their own."""
+"""The compiled engine on CPU: each architecture's decode steps over a static cache, compiled with quantlab's
+grouped attention, module guards skipped and fused one-row matmuls, give the eager model's logits, for the
+native cache and every quantized KV format, without recompiling per position; models compiled in turn keep
+their own."""
 import pytest
 import torch
 from torch import nn
@@ -8,6 +9,7 @@ from torch import nn
 from quantlab import quantize_
 from quantlab.engine import compiled
 from quantlab.engine import decode as latency
+from quantlab.errors import UnsupportedError
 from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
 
 CPU = torch.device("cpu")
@@ -35,7 +37,7 @@ def tiny(arch: str) -> nn.Module:
 def decoded_logits(engine: str, model: nn.Module) -> list[torch.Tensor]:
     with latency.DecodeEngine(model, KV_FORMATS["native"].build(), CPU, engine, PROMPT + STEPS) as decode:
         if engine == "compiled":
-            assert decode.options["attention"] == "eager" and model.config._attn_implementation == "eager"
+            assert decode.options["attention"] == "quantlab" and model.config._attn_implementation == "quantlab"
             half = model.lm_head.weight.dtype == torch.bfloat16 if isinstance(model.lm_head, nn.Linear) else False
             assert decode.options["half_linears"] == ("fused_row_matmul" if half else "none in the model")
         return logits_of(decode.generation())
@@ -62,6 +64,37 @@ def test_each_architecture_decodes_the_same_logits_compiled_as_eager(arch: str) 
     assert model.config._attn_implementation == before  # the engine's attention is undone afterwards
     for e, g in zip(expected, got):
         assert torch.allclose(g, e, atol=1e-4, rtol=1e-4), (g - e).abs().max()
+
+
+KV_CASES = [("int", dict(bits=4, group_size=16, residual_tokens=4)), ("int", dict(bits=8, group_size=16, residual_tokens=0)),
+            ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3)), ("fp8", {}), ("int", dict(bits=3, group_size=8, residual_tokens=2)),
+            ("int", dict(bits=4, group_size=16, residual_tokens=20))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_every_quantized_kv_format_decodes_compiled_as_the_eager_model_with_that_cache(arch: str) -> None:
+    # The eager model runs the dynamic layers (packed.py); the compiled step the static ones (static.py), quantizing
+    # each new position inside the graph. Same codes, same logits; one graph for every position (no recompilation:
+    # the sliding layers' lengths are tensors). Residual 20 exceeds the 16 positions: nothing stored, all in the ring.
+    model = tiny(arch)
+    for name, fields in KV_CASES:
+        kv = KV_FORMATS[name].build(**fields)
+        if kv.static_problem(model.config):
+            assert arch == "gemma3" and fields.get("key_axis") == "channel"
+            with pytest.raises(UnsupportedError, match="sliding-window"):
+                kv.make_cache(model.config, PROMPT + STEPS)
+            continue
+        want = logits_of(latency.Generation(model, kv, CPU))
+        with torch._dynamo.config.patch(error_on_recompile=True), \
+                latency.DecodeEngine(model, kv, CPU, "compiled", PROMPT + STEPS) as decode:
+            assert decode.options["attention"] == "quantlab-fused"
+            gen = decode.generation()
+            got = logits_of(gen)
+            assert kv.cache_bytes(gen.cache) == kv.cache_bytes_analytic(model.config, 1, PROMPT + STEPS, torch.float32,
+                                                                        static=True)
+        for e, g in zip(want, got):
+            assert torch.allclose(g, e, atol=1e-5, rtol=1e-5), (kv.label, (g - e).abs().max())
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ def test_decode_record_names_the_cache_it_used_and_keeps_every_step(kv, cache_cl
     result = measure_decode(model, kv, batch_size=2, prompt_tokens=16, new_tokens=6, warmup_runs=1,
                             prefill_repeats=2, seed=0, device=CPU)
     record = result.record(2)
-    assert record["engine"] == "eager" and record["engine_options"] == {"cache": cache_class, "compiled": False}
+    assert record["engine"] == "eager" and record["engine_options"] == {"cache": cache_class, "compiled": False,
+                                                                        "attention": "quantlab"}
     assert len(record["decode_ms_samples"]) == record["decode_steps"] == 6
     assert record["decode_ms_p10"] <= record["decode_ms_per_token"] <= record["decode_ms_p90"]
     assert record["tokens_per_s"] == pytest.approx(2 * 1000 / record["decode_ms_per_token"], rel=1e-3)

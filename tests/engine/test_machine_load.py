@@ -1,6 +1,7 @@
 """The machine watch beside every timed decode: threads, load, CPU share, other quantlab processes timing."""
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -10,6 +11,7 @@ from quantlab.measurements.timing_noise import Noise, busy_reasons
 
 
 def test_a_section_records_threads_load_and_a_cpu_share_within_bounds() -> None:
+    time.sleep(0.5)  # torch's worker threads, spinning after an earlier test's parallel work, settle first
     with watch_machine("test") as out:
         x = 0
         for i in range(200_000):

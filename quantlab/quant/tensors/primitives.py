@@ -18,9 +18,12 @@ def max_code(bits: int) -> int:
     return (1 << bits) - 1
 
 
+_PACK_MULTIPLE = tuple(8 // math.gcd(bits, 8) for bits in range(9))  # a table: traceable inside a compiled graph
+
+
 def pack_multiple(bits: int) -> int:
     """Smallest count of values whose bits fill whole bytes (2 for 4-bit, 8 for 3-bit)."""
-    return 8 // math.gcd(bits, 8)
+    return _PACK_MULTIPLE[bits]
 
 
 def packed_row_bytes(n_values: int, bits: int) -> int:
@@ -65,13 +68,32 @@ def unpack(packed: torch.Tensor, bits: int, n_values: int) -> torch.Tensor:
 
 
 def check_finite(x: torch.Tensor) -> None:
+    """Refuse NaN or Inf (not checked inside a compiled graph: a KV cache quantizing as it decodes)."""
+    if torch.compiler.is_compiling():
+        return
     if not torch.isfinite(x).all():
         raise UnsupportedError("cannot quantize a tensor that contains NaN or Inf")
+
+
+def _round_up_in_graph(scale: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
+    """``round_scale_up`` inside a compiled graph, giving the same bits (non-negative scales): without its
+    data-dependent branches, and for float16 reading the stored value back from its bits, since inductor keeps
+    a float16 intermediate (and ``nextafter`` on it) in float32."""
+    if stored.dtype == torch.float32:
+        return stored
+    if stored.dtype != torch.float16:
+        return torch.where(stored.float() < scale, torch.nextafter(stored, torch.full_like(stored, float("inf"))), stored)
+    bits = stored.view(torch.int16)
+    exponent, mantissa = (bits.to(torch.int32) >> 10) & 0x1F, (bits & 0x3FF).float()
+    value = torch.where(exponent == 0, mantissa * 2.0 ** -24, (mantissa / 1024 + 1) * torch.exp2((exponent - 15).float()))
+    return torch.where(value < scale, bits + 1, bits).view(torch.float16)  # from bits: read back as stored
 
 
 def round_scale_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast scales to their storage dtype, never below the exact value (so the range is never clipped)."""
     stored = scale.to(dtype)
+    if torch.compiler.is_compiling():
+        return _round_up_in_graph(scale, stored)
     if not torch.isfinite(stored).all():
         raise UnsupportedError(f"scales overflow {dtype}; store them in float32")
     low = stored.float() < scale

@@ -134,3 +134,15 @@ def test_a_range_of_rows_dequantizes_to_the_same_rows_of_the_whole(kind: str) ->
     whole = q.dequantize(torch.bfloat16)
     for rows in (slice(0, 5), slice(5, 36), slice(36, 37), slice(30, None)):
         assert torch.equal(q.dequantize(torch.bfloat16, rows), whole[rows])
+
+
+def test_quantizing_inside_a_compiled_graph_gives_the_same_bits() -> None:
+    # A static KV cache quantizes each new position inside the compiled step: scales rounded up to float16 and
+    # codes must be those of the eager function (inductor keeps float16 intermediates in float32 otherwise).
+    torch.manual_seed(0)
+    x = torch.randn(512, 64) * torch.logspace(-3, 2, 512).unsqueeze(-1)
+    for bits, group in ((4, 16), (8, None), (3, 32)):
+        want = quantize_tensor(x, bits, group)
+        got = torch.compile(lambda t: quantize_tensor(t, bits, group), fullgraph=True)(x)
+        for name in ("packed", "scales", "zeros"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (bits, group, name)
