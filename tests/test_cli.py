@@ -110,7 +110,7 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 def _recipe(tmp_path: Path, **fields) -> Path:
     recipe = {"name": "r", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"], "device": "cpu",
-              "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1}, **fields}
+              "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"}, **fields}
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path

@@ -12,7 +12,6 @@ if TYPE_CHECKING:  # the cache layers subclass transformers' and load on first u
     from .packed import Codec
 
 from ..dtypes import DTYPES, SHORT_DTYPE
-from ..errors import UnsupportedError
 from .format import KV_FORMATS, KVFormat, attention_shape, layer_windows
 
 CAST_DTYPES = {**DTYPES, "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None)}
@@ -33,9 +32,6 @@ class PackedKVFormat(KVFormat):
 
         key, value, residual = self.codecs()
         if max_cache_len is not None:
-            problem = self.static_problem(config)
-            if problem:
-                raise UnsupportedError(f"KV format {self.label} has no static cache: {problem}; use engine eager")
             from .static import StaticPackedLayer, StaticPackedSlidingLayer
 
             return Cache(layers=[StaticPackedLayer(max_cache_len, key, value, residual) if window is None
@@ -46,13 +42,6 @@ class PackedKVFormat(KVFormat):
         return Cache(layers=[PackedKVLayer(key, value, residual) if window is None
                              else PackedSlidingKVLayer(window, key, value, residual) for window in layer_windows(config)])
 
-    def static_problem(self, config: PretrainedConfig) -> str | None:
-        """Why this format has no static cache for a model of this config, or None."""
-        key, value, _ = self.codecs()
-        if max(key.block, value.block) > 1 and any(w is not None for w in layer_windows(config)):
-            return "per-channel key blocks on sliding-window layers"
-        return None
-
     def cache_bytes(self, cache: Cache) -> int:
         return sum(layer.nbytes for layer in cache.layers)
 
@@ -62,8 +51,7 @@ class PackedKVFormat(KVFormat):
         keeps the last ``window - 1`` positions (a per-channel block straddling the edge whole). ``static``:
         the preallocated layout of a cache of ``tokens`` positions (``static.py``): a global layer stores
         ``(tokens - residual) // block * block`` positions and rings ``residual + block - 1`` (at most
-        ``tokens``); a sliding layer of ``w = min(window, tokens)`` rings ``min(residual, w)`` and stores the
-        other ``w - residual``."""
+        ``tokens``); a sliding layer of ``w = min(window, tokens)`` as ``static.sliding_capacity`` counts."""
         from .packed import PackedKVLayer
 
         _, heads, head_dim = attention_shape(config)
@@ -87,12 +75,11 @@ class PackedKVFormat(KVFormat):
     @staticmethod
     def _static_layer_bytes(key: Codec, value: Codec, residual: int, window: int | None, b: int, h: int, d: int,
                             tokens: int, itemsize: int) -> int:
+        from .static import global_capacity, sliding_capacity
+
         block = max(key.block, value.block)
-        if window is None:
-            ring, stored = min(tokens, residual + block - 1), max(0, tokens - residual) // block * block
-        else:
-            w = min(window, tokens)
-            ring, stored = min(residual, w), max(0, w - residual)
+        ring, stored = (global_capacity(tokens, residual, block) if window is None
+                        else sliding_capacity(min(window, tokens), residual, block))
         return key.nbytes(b, h, stored, d) + value.nbytes(b, h, stored, d) + 2 * b * h * ring * d * itemsize
 
 

@@ -11,8 +11,8 @@ so a step reads the stored codes, not a rebuilt full-precision history.
 
 Stored positions and their codes are those of the dynamic layers (``packed.py``): the same rows quantized the
 same way and moved at the same step, so a compiled step's logits match the eager model's with that format.
-Sliding-window layers keep their window in a ring of codes; a per-channel block (KIVI keys) is stored on
-global layers only.
+Sliding-window layers keep their window in a ring of codes (whole per-channel blocks where keys are stored
+per channel, KIVI).
 """
 from __future__ import annotations
 
@@ -22,6 +22,24 @@ from ..errors import UnsupportedError
 from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
 from .packed import Codec
+
+
+def global_capacity(length: int, residual: int, block: int) -> tuple[int, int]:
+    """(ring positions, stored positions) of a global layer of ``length`` positions: the stored ones in whole
+    blocks, the ring holding the residual and a block still filling."""
+    return min(length, residual + block - 1), max(0, length - residual) // block * block
+
+
+def sliding_capacity(window: int, residual: int, block: int) -> tuple[int, int]:
+    """(ring positions, stored positions) of a sliding layer whose window (min(window, cache length)) is
+    ``window``: at most ``window - residual`` stored positions are visible, in at most
+    ``ceil((window - residual) / block)`` blocks and one more where they do not start on a block's edge; a block
+    is formed from the ring, which then holds ``residual + block - 1`` positions."""
+    if window <= residual:
+        return window, 0
+    if block == 1:
+        return residual, window - residual
+    return residual + block - 1, (-(-(window - residual) // block) + 1) * block
 
 
 def _mark_static(*tensors: torch.Tensor) -> None:
@@ -180,6 +198,31 @@ class _StaticPacked:
             out.append(torch.where(from_store, stored, recent))
         return out[0], out[1]
 
+    def _stored_end(self, written: torch.Tensor | int) -> torch.Tensor | int:
+        over = (written - self.residual_tokens).clamp(min=0) if isinstance(written, torch.Tensor) \
+            else max(0, written - self.residual_tokens)
+        return over // self.block * self.block
+
+    def _step(self, c: torch.Tensor, key: torch.Tensor, value: torch.Tensor, wrap: bool = False) -> None:
+        """Write position ``c`` (a 0-d tensor): first the block it completes leaves the ring for the stores
+        (``wrap``: the stores are a ring of their slots, a sliding layer's)."""
+        if self.slots:
+            if not self.ring_len:  # nothing kept in full precision: the position is stored as it comes
+                slots = c.view(1) % self.slots if wrap else c.view(1)
+                self.key_store.write(slots, key)
+                self.value_store.write(slots, value)
+            else:
+                done = c + 1 - self.residual_tokens  # positions that must be stored once c is written
+                first = (done // self.block - 1).clamp(min=0) * self.block
+                positions = first + torch.arange(self.block, device=self.device)
+                keep = ((done >= self.block) & (done % self.block == 0)) if self.block > 1 else None
+                is_new = (positions == c).view(1, 1, -1, 1)
+                slots = positions % self.slots if wrap else positions
+                for store, ring, new in ((self.key_store, self.keys, key), (self.value_store, self.values, value)):
+                    source = torch.where(is_new, new, ring[:, :, positions % self.ring_len])
+                    store.write(slots, source, keep)
+        self._write_ring(c.view(1), key, value)
+
     def reset(self) -> None:
         for store in (self.key_store, self.value_store):
             if store is not None:
@@ -197,16 +240,10 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
 
     def capacity(self) -> tuple[int, int]:
         """(ring positions, stored positions) this layer preallocates."""
-        length, r, block = self.max_cache_len, self.residual_tokens, self.block
-        return min(length, r + block - 1), max(0, length - r) // block * block
+        return global_capacity(self.max_cache_len, self.residual_tokens, self.block)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self._allocate(key_states, value_states, *self.capacity())
-
-    def _stored_end(self, written: torch.Tensor | int) -> torch.Tensor | int:
-        over = (written - self.residual_tokens).clamp(min=0) if isinstance(written, torch.Tensor) \
-            else max(0, written - self.residual_tokens)
-        return over // self.block * self.block
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,34 +269,14 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
             self.value_store.write(slots, values[:, :, :end])
         self._write_ring(torch.arange(end, n, device=self.device), keys[:, :, end:], values[:, :, end:])
 
-    def _step(self, c: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Write position ``c`` (a 0-d tensor): first the block it completes leaves the ring for the stores."""
-        if self.slots:
-            if not self.ring_len:  # nothing kept in full precision: the position is stored as it comes
-                slots = c.view(1)
-                self.key_store.write(slots, key)
-                self.value_store.write(slots, value)
-            else:
-                done = c + 1 - self.residual_tokens  # positions that must be stored once c is written
-                first = (done // self.block - 1).clamp(min=0) * self.block
-                positions = first + torch.arange(self.block, device=self.device)
-                keep = ((done >= self.block) & (done % self.block == 0)) if self.block > 1 else None
-                is_new = (positions == c).view(1, 1, -1, 1)
-                for store, ring, new in ((self.key_store, self.keys, key), (self.value_store, self.values, value)):
-                    source = torch.where(is_new, new, ring[:, :, positions % self.ring_len])
-                    store.write(positions, source, keep)
-        self._write_ring(c.view(1), key, value)
-
-
 class StaticPackedSlidingLayer(_StaticPacked, StaticSlidingWindowLayer):
-    """A sliding-window layer: the last ``window`` positions, those past the residual in a ring of codes."""
+    """A sliding-window layer: the last ``window`` positions, those past the residual in a ring of codes (whole
+    blocks of ``block`` positions: a per-channel block straddling the window's edge is kept whole)."""
 
     def __init__(self, max_cache_len: int, sliding_window: int, key_codec: Codec, value_codec: Codec,
                  residual_tokens: int) -> None:
         StaticSlidingWindowLayer.__init__(self, max_cache_len=max_cache_len, sliding_window=sliding_window)
         self._setup(key_codec, value_codec, residual_tokens)
-        if self.block > 1:
-            raise UnsupportedError("per-channel key blocks on a sliding-window layer have no static cache")
 
     @classmethod
     def full_precision(cls, max_cache_len: int, sliding_window: int) -> "StaticPackedSlidingLayer":
@@ -267,8 +284,8 @@ class StaticPackedSlidingLayer(_StaticPacked, StaticSlidingWindowLayer):
         return cls(max_cache_len, sliding_window, Codec(), Codec(), residual_tokens=sliding_window)
 
     def capacity(self) -> tuple[int, int]:
-        window, r = self.max_cache_len, self.residual_tokens  # max_cache_len here: min(window, cache length)
-        return min(r, window), max(0, window - r)
+        """(ring positions, stored positions) this layer preallocates (``sliding_capacity``)."""
+        return sliding_capacity(self.max_cache_len, self.residual_tokens, self.block)
 
     # Lengths from the tensor counter: transformers' sliding layer reads a Python int, which a compiled step
     # specializes on (one recompilation per position, then eager once dynamo's limit is reached).
@@ -295,49 +312,35 @@ class StaticPackedSlidingLayer(_StaticPacked, StaticSlidingWindowLayer):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n, dtype = key_states.shape[-2], key_states.dtype
-        c = self.cumulative_length
-        r = self.residual_tokens
+        n, dtype, c = key_states.shape[-2], key_states.dtype, self.cumulative_length
         if n == 1:
-            if self.slots:
-                stored = c - r
-                slots = (stored % self.slots).view(1)
-                if self.ring_len:
-                    source_k = self.keys[:, :, (c % self.ring_len).view(1)]
-                    source_v = self.values[:, :, (c % self.ring_len).view(1)]
-                else:
-                    source_k, source_v = key_states, value_states
-                self.key_store.write(slots, source_k)
-                self.value_store.write(slots, source_v)
-            self._write_ring(c.view(1), key_states, value_states)
-            offset = (c - self.max_cache_len + 1).clamp(min=0)
-            full = None
+            self._step(c, key_states, value_states, wrap=True)
+            offset, full = (c - self.max_cache_len + 1).clamp(min=0), None
         else:
-            full = self._prefill(key_states, value_states)
-            offset = 0
+            full, offset = self._prefill(key_states, value_states), 0
         self.cumulative_length.add_(n)
         if full is not None:
             return full
         positions = offset + torch.arange(self.max_cache_len, device=self.device)
-        stored_end = (self.cumulative_length - r).clamp(min=0)
-        return self._gather(positions, stored_end, dtype, positions % max(self.slots, 1))
+        slot = positions % max(self.slots, 1)
+        return self._gather(positions, self._stored_end(self.cumulative_length), dtype, slot)
 
     def _prefill(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Store a first prompt; returns its whole keys and values when it is longer than the window (as
         transformers' sliding layer does), else None (the window's view is returned)."""
-        if self.cumulative_length_int:
+        if int(self.cumulative_length):
             raise UnsupportedError("a static quantized KV cache takes one prefill, then one position per step")
-        n, r = keys.shape[-2], self.residual_tokens
-        end = max(0, n - r)
+        n = keys.shape[-2]
+        end = self._stored_end(n)
         if self.slots and end:
-            positions = torch.arange(max(0, end - self.slots), end, device=self.device)
+            positions = torch.arange(max(0, end - self.slots), end, device=self.device)  # whole blocks
             self.key_store.write(positions % self.slots, keys[:, :, positions])
             self.value_store.write(positions % self.slots, values[:, :, positions])
         recent = torch.arange(max(end, n - self.ring_len), n, device=self.device)
         self._write_ring(recent, keys[:, :, recent], values[:, :, recent])
         if n <= self.max_cache_len:
             return None
-        if not self.slots:
+        if not end:
             return keys, values
         return (torch.cat([self.key_store.roundtrip(keys[:, :, :end]), keys[:, :, end:]], dim=2),
                 torch.cat([self.value_store.roundtrip(values[:, :, :end]), values[:, :, end:]], dim=2))

@@ -9,7 +9,6 @@ from torch import nn
 from quantlab import quantize_
 from quantlab.engine import compiled
 from quantlab.engine import decode as latency
-from quantlab.errors import UnsupportedError
 from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
 
 CPU = torch.device("cpu")
@@ -80,11 +79,6 @@ def test_every_quantized_kv_format_decodes_compiled_as_the_eager_model_with_that
     model = tiny(arch)
     for name, fields in KV_CASES:
         kv = KV_FORMATS[name].build(**fields)
-        if kv.static_problem(model.config):
-            assert arch == "gemma3" and fields.get("key_axis") == "channel"
-            with pytest.raises(UnsupportedError, match="sliding-window"):
-                kv.make_cache(model.config, PROMPT + STEPS)
-            continue
         want = logits_of(latency.Generation(model, kv, CPU))
         with torch._dynamo.config.patch(error_on_recompile=True), \
                 latency.DecodeEngine(model, kv, CPU, "compiled", PROMPT + STEPS) as decode:

@@ -46,3 +46,49 @@ def test_cuda_decode_records_allocator_peaks_and_the_engine(engine: str) -> None
     if engine == "compiled":
         assert record["engine_options"]["mode"] == "reduce-overhead"
         assert record["engine_options"]["inductor"]["coordinate_descent_tuning"] is True
+
+
+def _tiny_gemma3() -> torch.nn.Module:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Gemma3TextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                                 layer_types=["sliding_attention", "full_attention"], max_position_embeddings=128)
+    return tf.Gemma3ForCausalLM(config).eval()
+
+
+def test_auto_measures_eagerly_where_the_kv_format_has_no_static_cache_and_says_why() -> None:
+    pytest.importorskip("optimum.quanto")
+    theirs = KV_FORMATS["hf-quantized"].build(backend="quanto", bits=4, group_size=16, residual_tokens=4)
+    result = measure_decode(make_llama(), theirs, batch_size=1, prompt_tokens=12, new_tokens=3, warmup_runs=0,
+                            prefill_repeats=1, seed=0, device=CPU, engine="auto")
+    record = result.record(1)
+    assert record["engine"] == "eager" and record["decode_steps"] == 3
+    assert record["engine_options"]["engine_choice"] == (
+        "auto: eager, KV format hf-quanto-int4-g16-r4 has no static cache; use engine eager")
+
+
+@pytest.mark.slow
+def test_auto_compiles_a_sliding_window_model_with_per_channel_keys() -> None:
+    kivi = KV_FORMATS["int2"].build(key_axis="channel", group_size=4, residual_tokens=3)
+    record = measure_decode(_tiny_gemma3(), kivi, batch_size=1, prompt_tokens=12, new_tokens=3, warmup_runs=0,
+                            prefill_repeats=1, seed=0, device=CPU, engine="auto").record(1)
+    assert record["engine"] == "compiled" and record["engine_options"]["engine_choice"] == "auto: compiled"
+    assert record["kv_cache_bytes"] == record["kv_cache_bytes_analytic"]  # the static layout's formula
+
+
+def test_auto_falls_back_to_eager_when_the_step_does_not_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantlab.engine import decode
+
+    def refusing(*args, **kwargs):
+        def step(*a, **k):
+            raise torch._dynamo.exc.TorchRuntimeError("an operator the compiler refuses")
+        return step
+
+    monkeypatch.setattr(decode, "compiled_step", refusing)
+    record = measure_decode(make_llama(), KV_FORMATS["native"].build(), batch_size=1, prompt_tokens=8, new_tokens=3,
+                            warmup_runs=0, prefill_repeats=1, seed=0, device=CPU, engine="auto").record(1)
+    assert record["engine"] == "eager" and record["decode_steps"] == 3
+    assert record["engine_options"]["engine_choice"] == (
+        "auto: eager, the step did not compile (TorchRuntimeError: an operator the compiler refuses)")

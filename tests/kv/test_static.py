@@ -1,5 +1,6 @@
 """The static quantized KV caches (run uncompiled here; compiled in tests/engine/test_compiled.py): the same
-logits as the dynamic layers at every step, bytes equal to the static formula, refusals named."""
+logits as the dynamic layers at every step, global and sliding-window layers (the window of 8 is passed and
+per-channel blocks straddle its edge), bytes equal to the static formula, a second prompt refused."""
 import pytest
 import torch
 
@@ -44,15 +45,19 @@ def stepwise_logits(model: torch.nn.Module, kv, max_cache_len: int | None) -> tu
 @pytest.mark.parametrize("name,fields", CASES)
 def test_static_layers_give_the_dynamic_layers_logits_at_every_step(arch: str, name: str, fields: dict) -> None:
     model, kv = tiny(arch), KV_FORMATS[name].build(**fields)
-    if kv.static_problem(model.config):  # KIVI keys on a sliding-window layer: refused, named
-        with pytest.raises(UnsupportedError, match="per-channel key blocks on sliding-window layers"):
-            kv.make_cache(model.config, PROMPT + STEPS)
-        return
     dynamic, _ = stepwise_logits(model, kv, None)
     static, nbytes = stepwise_logits(model, kv, PROMPT + STEPS)
     for step, (d, s) in enumerate(zip(dynamic, static)):
         assert torch.allclose(s, d, atol=1e-5, rtol=1e-5), (step, (s - d).abs().max())
     assert nbytes == kv.cache_bytes_analytic(model.config, 1, PROMPT + STEPS, torch.float32, static=True)
+
+
+def test_a_sliding_layer_keeps_the_blocks_its_window_can_see() -> None:
+    # Window 8, residual 3, blocks of 4: at most 5 stored positions visible, over at most 3 blocks.
+    from quantlab.kv.static import sliding_capacity
+
+    assert sliding_capacity(8, 3, 4) == (6, 12) and sliding_capacity(8, 3, 1) == (3, 5)
+    assert sliding_capacity(8, 8, 4) == (8, 0)  # the residual covers the window: nothing stored
 
 
 def test_static_formula_counts_the_preallocated_layout() -> None:
@@ -86,3 +91,18 @@ def test_a_second_prompt_into_a_static_cache_is_refused() -> None:
     gen.prefill(torch.arange(8).unsqueeze(0))
     with pytest.raises(UnsupportedError, match="one prefill"):
         gen.prefill(torch.arange(8).unsqueeze(0))
+
+
+@pytest.mark.parametrize("fields", [dict(bits=4, group_size=16, residual_tokens=4),
+                                    dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3)])
+def test_a_batch_of_sequences_keeps_each_row_its_own(fields: dict) -> None:
+    model, kv = tiny("llama"), KV_FORMATS["int"].build(**fields)
+    ids = torch.stack([torch.arange(1, PROMPT + 1) * 5 % 128, torch.arange(PROMPT) * 3 % 128])
+    out = {}
+    for length in (None, PROMPT + 6):
+        gen = Generation(model, kv, CPU, None, length)
+        gen.prefill(ids)
+        gen.decode(6)
+        out[length] = gen.logits
+    assert torch.allclose(out[PROMPT + 6], out[None], atol=1e-5)
+    assert not torch.allclose(out[None][0], out[None][1], atol=1e-3)

@@ -9,7 +9,7 @@ from quantlab.files import read_jsonl
 
 def _recipe(weights: list, **divergence) -> dict:
     return {"name": "div", "model": {"bundled": "tiny-stdlib-llama"}, "weights": weights,
-            "workload": {"batch_size": 1, "prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+            "workload": {"batch_size": 1, "prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
             "evaluations": {"perplexity": {"window_tokens": 128, "max_tokens": 4096}, "divergence": divergence},
             "isolation": "none", "device": "cpu"}
 

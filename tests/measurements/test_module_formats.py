@@ -19,7 +19,7 @@ def test_a_run_records_the_assignment_and_the_report_lists_it(tmp_path: Path) ->
         "weights": ["fp32", {"format": "int4", "group_size": 64, "overrides": [{"modules": "*.down_proj", "format": "int8"}]},
                     {"format": "mixed", "candidates": ["int8", {"format": "int2", "group_size": 64}], "bits_per_weight": 5,
                      "scan_tokens": 128}],
-        "workload": {"batch_size": 1, "prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "workload": {"batch_size": 1, "prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
         "calibration": {"samples": 2, "seq_len": 128}})
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
     rows = {r["variant"]: r for r in read_jsonl(out / "results.jsonl")}

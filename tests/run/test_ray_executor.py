@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 from quantlab import run_recipe, validate_recipe  # noqa: E402
 from quantlab.files import read_jsonl  # noqa: E402
 
-WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1}
+WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1, "engine": "eager"}
 FIGURES = ("variant", "variant_key", "status", "weight_bytes", "weight_bytes_analytic", "kv_cache_bytes", "perplexity",
            "kernel_path")
 

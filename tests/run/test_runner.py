@@ -12,7 +12,7 @@ from quantlab.extend import WEIGHT_FORMATS
 from quantlab.files import read_jsonl
 
 CPU = torch.device("cpu")
-WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1}
+WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1, "engine": "eager"}
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_a_workers_progress_reaches_the_log_and_its_last_line_the_error(small_mo
     unsupported = {"format": "int4", "group_size": 16, "compute_dtype": "bfloat16", "kernel": "int4pack_mm_cpu"}
     spec = {**_small_recipe(small_model_dir, ["fp32", unsupported]), "isolation": "process",
             "workload": {"batch_size": 1, "prompt_tokens": [4, 8], "new_tokens": 2, "warmup_runs": 0,
-                         "prefill_repeats": 1}}
+                         "prefill_repeats": 1, "engine": "eager"}}
     said: list[str] = []
     out = run_recipe(validate_recipe(spec), tmp_path / "out", log=said.append)
     assert any(line.startswith("progress: decode points (batch, prompt): 1/2 after") for line in said), said
@@ -238,7 +238,7 @@ def test_gptq_beats_rtn_on_the_bundled_model(tmp_path: Path) -> None:
         "name": "gptq-vs-rtn", "model": {"bundled": "tiny-stdlib-llama"},
         "weights": ["fp32", {"format": "int3"}, {"format": "gptq", "bits": 3},
                     {"format": "int3", "group_size": 128}, {"format": "gptq", "bits": 3, "group_size": 128}],
-        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
         "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 16384}},
         "calibration": {"samples": 32, "seq_len": 256}, "isolation": "none", "device": "cpu",
     })
@@ -282,6 +282,27 @@ def test_every_batch_and_context_length_is_a_measurement_point(small_model_dir: 
         assert (r["batch_size"], r["prompt_tokens"]) == (1, 8)
     assert len((out / "results.csv").read_text().splitlines()) == 1 + 2 * 4
     assert "## Decode by batch size and context length" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_default_engine_compiles_where_it_can_and_says_why_not_elsewhere(small_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    # engine: auto (the default): a quantized KV format runs compiled over its static cache; transformers'
+    # QuantizedCache has none, so its variant decodes eagerly, with the reason in engine_options.
+    workload = {k: v for k, v in WORKLOAD.items() if k != "engine"}
+    recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32"]), "evaluations": {}, "workload": workload,
+                              "kv_cache": [{"format": "int4", "group_size": 32, "residual_tokens": 4},
+                                           {"format": "hf-quantized", "backend": "quanto", "residual_tokens": 4}]})
+    assert recipe.workload.engine == "auto"
+    rows = {r["kv_format"]: r for r in read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+                                                 / "results.jsonl")}
+    packed, theirs = rows["int4-g32-r4"], rows["hf-quanto-int4-g64-r4"]
+    assert packed["status"] == "ok" and packed["engine"] == "compiled"
+    assert packed["engine_options"]["engine_choice"] == "auto: compiled"
+    assert packed["engine_options"]["attention"] == "quantlab-fused"
+    assert packed["kv_cache_bytes"] == packed["kv_cache_bytes_analytic"]  # the static layout's formula
+    assert theirs["status"] == "ok" and theirs["engine"] == "eager"
+    assert "has no static cache" in theirs["engine_options"]["engine_choice"]
 
 
 def test_compiled_engine_decodes_over_a_static_cache(small_model_dir: Path, tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_a_recipe_can_name_the_lm_eval_protocol(small_model_dir, tmp_path) -> No
 
     recipe = validate_recipe({
         "name": "lm-eval", "model": {"path": str(small_model_dir)}, "weights": ["fp32"], "isolation": "none",
-        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
         "evaluations": {"perplexity": {"protocol": "lm-eval", "window_tokens": 64, "max_tokens": 512}},
     })
     row = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")[0]
@@ -78,7 +78,7 @@ def test_a_local_lm_eval_task_runs_and_lands_in_the_results(tmp_path) -> None:
     evals = Path(__file__).resolve().parents[3] / "evals" / "stdlib_continuation"
     recipe = validate_recipe({
         "name": "tasks", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"], "isolation": "none",
-        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
         "evaluations": {"lm_eval_tasks": [{"task": "stdlib_continuation", "include_path": str(evals), "limit": 40}]},
     })
     row = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")[0]

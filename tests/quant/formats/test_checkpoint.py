@@ -159,7 +159,7 @@ def test_a_checkpoint_variant_runs_beside_the_one_quantized_in_the_run(small_mod
     recipe = validate_recipe({
         "name": "ckpt", "model": {"path": str(small_model_dir)}, "isolation": "none", "device": "cpu",
         "weights": [{"format": "int4", "group_size": 32}, {"format": "checkpoint", "path": str(tmp_path / "published")}],
-        "workload": {"batch_size": 1, "prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "workload": {"batch_size": 1, "prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
         "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 512}}})
     rows = read_jsonl(run_recipe(recipe, tmp_path / "out", log=lambda _: None) / "results.jsonl")
     made, loaded = rows

@@ -16,7 +16,7 @@ def test_both_gptq_backends_agree_on_perplexity(tmp_path: Path) -> None:
         "name": "gptq-backends", "model": {"bundled": "tiny-stdlib-llama"},
         "weights": ["fp32", {"format": "gptq", **settings}, {"format": "gptqmodel", **settings},
                     {"format": "int4", "group_size": 128}],
-        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1},
+        "workload": {"prompt_tokens": 8, "new_tokens": 2, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"},
         "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 16384}},
         "calibration": {"samples": 32, "seq_len": 256}, "isolation": "none", "device": "cpu",
     })
