@@ -113,7 +113,9 @@ class CodeStore:
         return x.permute(1, 2, 0, 4, 3).reshape(b, h, blocks * codec.block, d)
 
     def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` as this store would give it back (stored, then read)."""
+        """``x`` as this store would give it back (stored, then read); a codec of no dtype keeps it as it is."""
+        if self.codec.bits is None and self.codec.dtype is None:
+            return x
         return self._decode(self._encode(x), x.dtype)
 
     def write(self, slots: torch.Tensor, x: torch.Tensor, keep: torch.Tensor | None = None) -> None:
@@ -342,5 +344,8 @@ class StaticPackedSlidingLayer(_StaticPacked, StaticSlidingWindowLayer):
             return None
         if not end:
             return keys, values
-        return (torch.cat([self.key_store.roundtrip(keys[:, :, :end]), keys[:, :, end:]], dim=2),
-                torch.cat([self.value_store.roundtrip(values[:, :, :end]), values[:, :, end:]], dim=2))
+        stores = [store or CodeStore(codec, *states.shape[:2], 0, states.shape[-1], self.device)  # none kept
+                  for store, codec, states in ((self.key_store, self.key_codec, keys),
+                                               (self.value_store, self.value_codec, values))]
+        return (torch.cat([stores[0].roundtrip(keys[:, :, :end]), keys[:, :, end:]], dim=2),
+                torch.cat([stores[1].roundtrip(values[:, :, :end]), values[:, :, end:]], dim=2))

@@ -14,7 +14,9 @@ CPU = torch.device("cpu")
 CASES = [("int", dict(bits=4, group_size=16, residual_tokens=4)), ("int", dict(bits=8, group_size=32, residual_tokens=0)),
          ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3)),
          ("int", dict(bits=3, key_axis="channel", group_size=8, residual_tokens=0)), ("fp8", {}), ("bf16", {}),
-         ("int", dict(bits=4, group_size=16, residual_tokens=40))]
+         ("int", dict(bits=4, group_size=16, residual_tokens=40)),
+         ("int", dict(bits=4, group_size=16, residual_tokens=10)),  # a residual wider than the window of 8
+         ("native", {})]
 PROMPT, STEPS = 13, 12
 
 
