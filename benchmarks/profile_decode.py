@@ -1,15 +1,16 @@
 """Where one decode step's time goes: torch's profiler over timed steps of a real model shape (random weights).
 
     python benchmarks/profile_decode.py [--shape smollm2-135m] [--format int4-g32] [--engine compiled]
-        [--attention sdpa|eager] [--skip-module-guards] [--steps 20]
+        [--kv int8] [--prompt-tokens 4096] [--attention quantlab|sdpa|eager] [--module-guards kept] [--steps 20]
 
-Builds the shape from its published configuration, applies the format, prefills a 128-token prompt, warms the
+Builds the shape from its published configuration, applies the format, prefills a prompt (128 tokens by default)
+through the KV format's cache (``--kv``: the names of decode.py's KV table), warms the
 engine up (compilation included), then profiles ``--steps`` decode steps of the engine's own loop
 (``quantlab.engine.decode.Generation``). Prints the median step (ms) and the operators by self time, so the
 shares of the quantized matmuls, the output head, attention, the compiled graph's own kernels and dynamo's guard
 checks can be read off. The compiled engine's CPU settings can be undone to see what each saves:
-``--attention sdpa`` (the fused SDPA kernel instead of plain matmuls and softmax that inductor fuses into the
-graph), ``--module-guards kept`` (dynamo checks its guards on module attributes at every step) and
+``--attention sdpa`` or ``eager`` (the fused SDPA kernel, or transformers' matmuls with ``repeat_kv``, instead of
+quantlab's grouped attention), ``--module-guards kept`` (dynamo checks its guards on module attributes at every step) and
 ``--half-linears aten`` (bf16 linears, the output head among them, through ``aten::mm`` instead of the fused
 one-row matmul) and ``--inductor realize_opcount_threshold=None`` (any inductor setting over the engine's: here,
 pointwise chains inlined into the one-row matmuls' loops again).
@@ -21,7 +22,7 @@ import ast
 import statistics
 
 import torch
-from decode import FORMATS, SHAPES, build, shape_config
+from decode import FORMATS, KV, SHAPES, build, shape_config
 from torch.profiler import ProfilerActivity, profile
 
 from quantlab.engine import compiled
@@ -34,19 +35,22 @@ def main() -> None:
     p.add_argument("--shape", choices=SHAPES, default="smollm2-135m")
     p.add_argument("--format", choices=FORMATS, default="int4-g32")
     p.add_argument("--engine", choices=["eager", "compiled"], default="compiled")
-    p.add_argument("--attention", choices=["sdpa", "eager"], default="eager")
+    p.add_argument("--attention", choices=["quantlab", "sdpa", "eager"], default="quantlab",
+                   help="quantlab: the engines' grouped attention (quantlab-fused over a quantized cache)")
     p.add_argument("--module-guards", choices=["skipped", "kept"], default="skipped")
     p.add_argument("--half-linears", choices=["fused_row_matmul", "aten"], default="fused_row_matmul")
     p.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE",
                    help="inductor settings over the engine's (values as Python literals)")
     p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--kv", choices=KV, default="native", help="the KV cache format (decode.py's KV table names)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rows", type=int, default=15)
     args = p.parse_args()
     cpu = torch.device("cpu")
     inductor = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.inductor)}
     model = build(args.format, shape_config(args.shape), cpu)
-    engine = latency.DecodeEngine(model, KV_FORMATS["native"].build(), cpu, args.engine,
+    kv = KV_FORMATS[KV[args.kv][0]].build(**KV[args.kv][1])
+    engine = latency.DecodeEngine(model, kv, cpu, args.engine,
                                   args.prompt_tokens + 8 + args.steps,
                                   {"attention": args.attention, "module_guards": args.module_guards,
                                    "half_linears": args.half_linears,
