@@ -136,6 +136,7 @@ def test_a_range_of_rows_dequantizes_to_the_same_rows_of_the_whole(kind: str) ->
         assert torch.equal(q.dequantize(torch.bfloat16, rows), whole[rows])
 
 
+@pytest.mark.slow
 def test_quantizing_inside_a_compiled_graph_gives_the_same_bits() -> None:
     # A static KV cache quantizes each new position inside the compiled step: scales rounded up to float16 and
     # codes must be those of the eager function (inductor keeps float16 intermediates in float32 otherwise).
