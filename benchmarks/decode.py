@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PretrainedConfig
 
 from quantlab import quantize_
 from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
-from quantlab.engine.decode import measure_decode
+from quantlab.engine.decode import DecodeResult, measure_decode
 from quantlab.engine.device import resolve_device
 from quantlab.engine.memory import decode_weight_bytes_read
 from quantlab.extend import WEIGHT_FORMATS
@@ -117,26 +118,14 @@ def kv_table(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.M
     cache's step at the same weight format and length."""
     kvs = {name: KV_FORMATS[KV[name][0]].build(**KV[name][1]) for name in args.kv}
     cells = [(w, k, n) for n in args.positions for w in models for k in kvs]
-    steps: dict[tuple, list[float]] = {cell: [] for cell in cells}
-    result = {}
-    for _ in range(args.rounds):
-        for cell in cells:
-            w, k, n = cell
-            result[cell] = measure_decode(models[w], kvs[k], batch_size=args.batch_size, prompt_tokens=n,
-                                          new_tokens=args.new_tokens, warmup_runs=1, prefill_repeats=1, seed=0,
-                                          device=device, engine=engine)
-            steps[cell] += result[cell].decode_ms
+    result = interleaved(cells, lambda cell: (models[cell[0]], kvs[cell[1]], cell[2]), engine, args, device)
     print(f"{'engine':<9} {'weights':<10} {'KV':<10} {'positions':>9} {'KV MB':>8} {'MB read/step':>12} "
           f"{'ms/token (p10–p90)':>24} {'vs native':>9} {'roofline':>9} {'prefill ms':>10}  engine used")
     for cell in cells:
         w, k, n = cell
-        r = result[cell]
-        r.decode_ms = steps[cell]
-        row = {**r.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(models[w]),
-               "prompt_tokens": n, "memory_bandwidth_bytes_per_s": bandwidth, "decode_steps": args.new_tokens}
-        row.update(Roofline().derive(row).model_dump())
-        native = (w, "native", n)
-        ratio = (f"{row['decode_ms_per_token'] / statistics.median(steps[native]):>8.2f}x" if native in steps
+        r, row = result[cell], roofline_row(result[cell], models[w], n, bandwidth, args)
+        native = result.get((w, "native", n))
+        ratio = (f"{row['decode_ms_per_token'] / statistics.median(native.decode_ms):>8.2f}x" if native
                  else f"{'—':>9}")
         spread = f"{row['decode_ms_per_token']:.2f} ({row['decode_ms_p10']:.2f}–{row['decode_ms_p90']:.2f})"
         used = r.engine_options.get("engine_choice", r.engine)
@@ -154,30 +143,46 @@ def build(name: str, config: PretrainedConfig, device: torch.device) -> torch.nn
     return model
 
 
-def run_engine(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.Module], bandwidth: float,
-               device: torch.device) -> None:
-    steps: dict[str, list[float]] = {name: [] for name in models}
+def interleaved(cells: list, what: Callable[..., tuple], engine: str, args: argparse.Namespace,
+                device: torch.device) -> dict:
+    """Each cell's measurement, the cells taken in turn round by round (``what(cell)``: model, KV format, prompt
+    tokens); a cell's result holds every round's steps."""
+    steps: dict = {cell: [] for cell in cells}
     result = {}
     for _ in range(args.rounds):
-        for name, model in models.items():
-            result[name] = measure_decode(model, KV_FORMATS["native"].build(), batch_size=args.batch_size,
-                                          prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, warmup_runs=1,
-                                          prefill_repeats=1, seed=0, device=device, engine=engine)
-            steps[name] += result[name].decode_ms
+        for cell in cells:
+            model, kv, prompt = what(cell)
+            result[cell] = measure_decode(model, kv, batch_size=args.batch_size, prompt_tokens=prompt,
+                                          new_tokens=args.new_tokens, warmup_runs=1, prefill_repeats=1, seed=0,
+                                          device=device, engine=engine)
+            steps[cell] += result[cell].decode_ms
+    for cell, r in result.items():
+        r.decode_ms = steps[cell]
+    return result
+
+
+def roofline_row(result: DecodeResult, model: torch.nn.Module, prompt_tokens: int, bandwidth: float,
+                 args: argparse.Namespace) -> dict:
+    """The result's record with the weight bytes one step reads and its roofline share (the KV cache at the mean
+    length of one generation)."""
+    row = {**result.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
+           "prompt_tokens": prompt_tokens, "memory_bandwidth_bytes_per_s": bandwidth, "decode_steps": args.new_tokens}
+    row.update(Roofline().derive(row).model_dump())
+    return row
+
+
+def run_engine(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.Module], bandwidth: float,
+               device: torch.device) -> None:
+    native = KV_FORMATS["native"].build()
+    result = interleaved(list(models), lambda name: (models[name], native, args.prompt_tokens), engine, args, device)
     base = None
     for name, model in models.items():
-        r = result[name]
-        r.decode_ms = steps[name]  # every round's steps
-        row = {**r.record(args.batch_size), "decode_weight_bytes_read": decode_weight_bytes_read(model),
-               "prompt_tokens": args.prompt_tokens, "memory_bandwidth_bytes_per_s": bandwidth,
-               "decode_steps": args.new_tokens}  # one generation's steps: the KV cache's mean length
-        row.update(Roofline().derive(row).model_dump())
+        row = roofline_row(result[name], model, args.prompt_tokens, bandwidth, args)
         base = base or row["tokens_per_s"]
         kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
         spread = f"{row['decode_ms_per_token']:.2f} ({row['decode_ms_p10']:.2f}–{row['decode_ms_p90']:.2f})"
         print(f"{engine:<9} {name:<18} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e6:>10.1f} "
               f"{spread:>24} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base:>7.2f}x {row['roofline_share']:>8.1%}")
-
 
 if __name__ == "__main__":
     main()

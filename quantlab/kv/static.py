@@ -225,6 +225,10 @@ class _StaticPacked:
                     store.write(slots, source, keep)
         self._write_ring(c.view(1), key, value)
 
+    def _first_prompt_only(self) -> None:
+        if int(self.cumulative_length):
+            raise UnsupportedError("a static quantized KV cache takes one prefill, then one position per step")
+
     def reset(self) -> None:
         for store in (self.key_store, self.value_store):
             if store is not None:
@@ -261,8 +265,7 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
         return self._gather(positions, self._stored_end(self.cumulative_length), key_states.dtype, None)
 
     def _prefill(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        if int(self.cumulative_length):
-            raise UnsupportedError("a static quantized KV cache takes one prefill, then one position per step")
+        self._first_prompt_only()
         n = keys.shape[-2]
         end = self._stored_end(n)
         if end:
@@ -330,8 +333,7 @@ class StaticPackedSlidingLayer(_StaticPacked, StaticSlidingWindowLayer):
     def _prefill(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Store a first prompt; returns its whole keys and values when it is longer than the window (as
         transformers' sliding layer does), else None (the window's view is returned)."""
-        if int(self.cumulative_length):
-            raise UnsupportedError("a static quantized KV cache takes one prefill, then one position per step")
+        self._first_prompt_only()
         n = keys.shape[-2]
         end = self._stored_end(n)
         if self.slots and end:
