@@ -29,6 +29,7 @@ _LAZY = {
     "QuantizedLinear": "quantlab.quant.linear:QuantizedLinear",
     "gptq_quantize": "quantlab.quant.calibrate.gptq_solve:gptq_quantize",
     "save_gptq": "quantlab.quant.io.gptq:save_gptq", "load_gptq": "quantlab.quant.io.gptq:load_gptq",
+    "export_": "quantlab.quant.io:export_",
     # weight formats
     "Cast": "quantlab.quant.formats.cast:CastFormat",
     "RTN": "quantlab.quant.formats.rtn:RTNFormat",

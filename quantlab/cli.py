@@ -1,4 +1,4 @@
-"""The ``quantlab`` command: run | report | compare | estimate | formats."""
+"""The ``quantlab`` command: run | report | compare | estimate | sensitivity | export | formats."""
 from __future__ import annotations
 
 import argparse
@@ -93,6 +93,19 @@ def _sensitivity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from .run.export import export_from_run
+
+    result = export_from_run(Path(args.dir), args.variant, args.to, args.out)
+    for note in result.notes:
+        print(f"quantlab: {note}", file=sys.stderr)
+    deviation = result.max_abs_deviation
+    print(f"quantlab: wrote {', '.join(result.files)} ({len(result.tensors)} tensors; largest deviation from the "
+          f"measured weights {deviation:.3g})", file=sys.stderr)
+    print(result.folder)
+    return 0
+
+
 def _formats(args: argparse.Namespace) -> int:
     from .eval.perplexity import PERPLEXITY_PROTOCOLS
     from .kv import KV_FORMATS
@@ -101,7 +114,9 @@ def _formats(args: argparse.Namespace) -> int:
     from .run.executors import EXECUTORS
 
     kernels = _cpu_kernels(WEIGHT_FORMATS) if args.kernels else {}
-    for registry in (WEIGHT_FORMATS, KV_FORMATS, PERPLEXITY_PROTOCOLS, EXECUTORS):
+    from .quant.io import EXPORTERS
+
+    for registry in (WEIGHT_FORMATS, KV_FORMATS, PERPLEXITY_PROTOCOLS, EXECUTORS, EXPORTERS):
         print(f"{registry.kind}s:")
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())
@@ -268,6 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--out", type=Path, default=None,
                       help="output folder (default: reports/<recipe>-sensitivity-<formats>-<granularity>)")
     sens.set_defaults(func=_sensitivity)
+    export = sub.add_parser("export", help="write a measured variant as GGUF, a GPTQ folder, ... for another engine",
+                            description="Quantize the run's variant again as its record says (the kept weights are "
+                            "reused where the run still has them), check that the numbers are the ones measured (the "
+                            "record's weights digest), and write them in the target format with quantlab-export.json "
+                            "(each tensor's type and its deviation from the measured weights). Nothing is re-rounded: "
+                            "a module the target cannot hold is refused, naming the format that would export.",
+                            epilog=EXIT_CODES)
+    export.add_argument("dir", help="a run's output folder")
+    export.add_argument("--variant", required=True, help="variant label, or weight-format label (e.g. int4-g32-sym)")
+    export.add_argument("--to", required=True, help="target: gguf (llama.cpp) or gptq (GPTQModel, transformers)")
+    export.add_argument("--out", type=Path, required=True, help="folder to write")
+    export.set_defaults(func=_export)
     formats = sub.add_parser("formats", help="list the registered formats, protocols, executors and kernels",
                              description="List every registered weight and KV-cache format, perplexity protocol, "
                              "executor and matmul kernel with one line each.")

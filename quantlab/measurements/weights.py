@@ -26,6 +26,7 @@ class WeightBytes(Result):
     kernel_path: str
     quantize_s: float
     weights_source: dict[str, Any] | None = None  # {"quantized": "here"[, "saved": ...]} or {"reused": ..., ...}
+    weights_digest: str | None = None  # SHA-256 of the quantized linears' stored bytes (what an export must match)
     device_map: dict[str, str] | None = None  # accelerate's placement, when the recipe gave model.device_map
     weight_bytes_by_device: dict[str, int] | None = None  # held per device, and offloaded to cpu or disk
 
@@ -62,6 +63,8 @@ class Weights(Measurement):
     )
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
+        from ..quant.io.export import weights_digest
+
         model = ctx.model
         components = weight_bytes_by_component(model)
         estimate = ctx.estimate
@@ -73,7 +76,7 @@ class Weights(Measurement):
             **{f"weight_bytes_{k}": v for k, v in components.items()},
             decode_weight_bytes_read=decode_weight_bytes_read(model),
             quantized_modules=len(ctx.quantize_report.replaced), kernel_path=kernel_paths(model),
-            quantize_s=ctx.quantize_s, weights_source=ctx.weights_source or None,
+            quantize_s=ctx.quantize_s, weights_source=ctx.weights_source or None, weights_digest=weights_digest(model),
             **_placement(model))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]

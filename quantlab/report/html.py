@@ -9,7 +9,7 @@ import pandas as pd
 
 from .plots import context_plot, latency_plot, memory_plot, pareto_plot
 from .table import Section, cells, first_ok, fmt_value, header, measured, pareto_variants, point_section, sections
-from .text import gguf_note, how_obtained, kv_unread_note, machines_note, software_line
+from .text import export_items, gguf_note, how_obtained, kv_unread_note, machines_note, software_line
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
@@ -133,6 +133,16 @@ def _plain(line: str) -> str:
     return esc(line.replace("**", "").replace("`", ""))
 
 
+def _exports(rows: list[dict[str, Any]]) -> str:
+    items = export_items(rows)
+    if not items:
+        return ""
+    lines = "".join(f"<li><b>{esc(v)}</b> → {esc(to)}: "
+                    + (f'<a href="{esc(folder)}">{esc(folder)}</a>, {esc(detail)}' if folder else esc(detail)) + "</li>"
+                    for v, to, folder, detail in items)
+    return f"<h2>Exports</h2><ul>{lines}</ul>"
+
+
 def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     """The whole report page."""
     recipe = manifest.get("recipe", {})
@@ -171,6 +181,7 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         _memory_table(frame),
         _points(rows),
         _sections(frame, own),
+        _exports(rows),
         "<h2>Evidence</h2>",
         '<p class="note">Which figures the model\'s config file states, which the implementation decides, which are '
         "assumed and which were measured, on what.</p>",

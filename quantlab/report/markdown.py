@@ -6,7 +6,7 @@ from typing import Any
 import pandas as pd
 
 from .table import Section, cells, first_ok, has_metric, header, pareto_variants, point_section, sections
-from .text import gguf_note, how_obtained, kv_unread_note, machines_note, software_line
+from .text import exports_section, gguf_note, how_obtained, kv_unread_note, machines_note, software_line
 
 
 def _md_table(head: list[str], body: list[list[str]]) -> list[str]:
@@ -70,6 +70,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         *kv_unread_note(rows),
         *_section_tables(frame, own),
         *_points_table(rows),
+        *exports_section(rows),
         "",
         "## How these figures were obtained",
         "",

@@ -145,7 +145,8 @@ def pareto_variants(frame: pd.DataFrame, metric: str = "perplexity") -> dict[str
 
 def flatten(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per variant (its first measurement point), nested records as ``parent_child`` columns."""
-    return pd.json_normalize([{k: v for k, v in r.items() if k != "decode_points"} for r in rows], sep="_")
+    return pd.json_normalize([{k: v for k, v in r.items() if k not in ("decode_points", "exports")} for r in rows],
+                             sep="_")
 
 
 def points_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

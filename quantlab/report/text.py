@@ -29,6 +29,30 @@ def gguf_note(manifest: dict[str, Any]) -> list[str]:
             "file's own (the baseline is the dequantized file, not the original training weights)."]
 
 
+def export_items(rows: list[dict[str, Any]]) -> list[tuple[str, str, str | None, str]]:
+    """``(variant, target, folder or None, detail)`` for every export a recipe's ``export:`` asked for."""
+    items = []
+    for r in rows:
+        for e in r.get("exports") or []:
+            if e.get("folder"):
+                deviation = e.get("max_abs_deviation") or 0.0
+                detail = "the measured numbers exactly" if deviation == 0 else \
+                    f"largest deviation from the measured weights {deviation:.2g} (quantlab-export.json, per tensor)"
+                items.append((r["variant"], e["to"], e["folder"], detail))
+            else:
+                items.append((r["variant"], e["to"], None, f"refused: {e.get('error')}"))
+    return items
+
+
+def exports_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's list of deployable folders written beside it."""
+    items = export_items(rows)
+    if not items:
+        return []
+    return ["", "## Exports", "", *(f"- **{v}** → {to}: " + (f"[{folder}]({folder}), {detail}" if folder else detail)
+                                    for v, to, folder, detail in items)]
+
+
 def kv_unread_note(rows: list[dict[str, Any]]) -> list[str]:
     """A line naming the rows whose quality figures were left out because they did not read their KV cache."""
     left = [(r["variant"], r["kv_cache_not_read_by"]) for r in rows if r.get("kv_cache_not_read_by")]

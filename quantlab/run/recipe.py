@@ -138,6 +138,24 @@ class ExecutorSpec(Strict):
                                            "(default: 1 when the recipe's device is cuda, else 0)")
 
 
+class ExportSpec(Strict):
+    """Deployable folders a run writes beside its report: each variant named (its label, or its weight format's
+    label for every KV format it is paired with) exported to each target, from the model that was measured."""
+
+    variants: list[str] = Field(min_length=1, description="variant or weight-format labels")
+    to: list[str] = Field(min_length=1, description="export targets (quantlab formats lists them)")
+
+    @field_validator("to")
+    @classmethod
+    def _known_targets(cls, to: list[str]) -> list[str]:
+        from ..quant.io import EXPORTERS
+
+        for name in to:
+            if name not in EXPORTERS:
+                raise ValueError(f"unknown export target {name!r} (known: {', '.join(EXPORTERS.names())})")
+        return to
+
+
 class Recipe(Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -157,6 +175,8 @@ class Recipe(Strict):
     variant_timeout_s: float | None = Field(None, gt=0, description="stop a variant's process after this long; "
                                             "it is recorded as failed and the run goes on (isolation: process)")
     executor: ExecutorSpec = ExecutorSpec()
+    export: list[ExportSpec] = Field(default_factory=list, description="[{variants: [LABEL, ...], to: [gguf, ...]}]: "
+                                     "deployable folders written under exports/ from each measured variant")
     seed: int = 0
     _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
 
@@ -197,6 +217,12 @@ class Recipe(Strict):
             raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
         if self.variant_timeout_s is not None and self.isolation != "process":
             raise ValueError("variant_timeout_s needs isolation: process (a variant in this process cannot be stopped)")
+        weight_labels = {v.weight.label for v in self.variants()}
+        for i, spec in enumerate(self.export):
+            for name in spec.variants:
+                if name not in labels and name not in weight_labels:
+                    raise ValueError(f"export[{i}].variants: '{name}' is no variant or weight-format label (labels: "
+                                     f"{', '.join(labels)})")
         if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
             raise ValueError("evaluations need trained weights; a synthetic model has random ones")
         return self
@@ -212,6 +238,17 @@ class Recipe(Strict):
     @property
     def baseline_variant(self) -> "Variant":
         return next(v for v in self.variants() if v.label == self.baseline_label)
+
+    def exports_for(self, variant: "Variant") -> list[str]:
+        """The targets ``variant`` is exported to: those of export entries naming it, or naming its weight format
+        when it is the first variant of that format (its KV twins hold the same weights)."""
+        first = next(v for v in self.variants() if v.weight == variant.weight)
+        targets: list[str] = []
+        for spec in self.export:
+            if variant.label in spec.variants or (variant is first or variant.label == first.label) and \
+                    variant.weight.label in spec.variants:
+                targets += [t for t in spec.to if t not in targets]
+        return targets
 
     def to_spec(self) -> dict[str, Any]:
         """A plain dict that ``validate_recipe`` turns back into an equal recipe."""

@@ -55,6 +55,11 @@ def _measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None) 
                 points.append({"batch_size": b, "prompt_tokens": p, "measurements": results})
     body.update(status="ok", error=None, measurements=measurements, points=points,
                 wall_s=round(time.perf_counter() - start, 3), environment=environment())
+    targets = recipe.exports_for(variant)
+    if targets:
+        from .export import export_measured
+
+        body["exports"] = export_measured(ctx, targets)
     return body
 
 

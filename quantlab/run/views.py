@@ -15,7 +15,7 @@ from ..measurements import all_measurements
 IDENTITY = ("variant", "variant_key", "recipe", "model", "weight_format", "kv_format", "status", "error")
 RUN_FIELDS = ("new_tokens", "host", "device", "fingerprint_id", "sweep", "started_at", "finished_at", "wall_s",
               "memory_bandwidth_bytes_per_s", "memory_bandwidth_after_bytes_per_s", "memory_bandwidth_method",
-              "environment")
+              "environment", "exports")
 
 
 def _validated(name: str, m: Any, data: dict[str, Any], where: str) -> dict[str, Any]:

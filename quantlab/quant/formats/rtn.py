@@ -62,10 +62,17 @@ class AffineFormat(QuantizedWeightFormat):
 
     @property
     def exports(self) -> tuple[str, ...]:
-        """GPTQ's layout holds 2-, 4- and 8-bit integer zero points per channel or group, from the generic layout."""
-        exportable = (self.bits in (2, 4, 8) and self.zero_point == "int" and not self.per_tensor
-                      and self.kernel == "dequantize+matmul")
-        return ("gptq",) if exportable else ()
+        """GPTQ's layout holds 2-, 4- and 8-bit integer zero points per channel or group (from any kernel's
+        layout); GGUF's blocks hold 4- and 5-bit codes, and symmetric 8-bit ones, in groups of multiples of 32."""
+        gptq = self.bits in (2, 4, 8) and self.zero_point == "int" and not self.per_tensor
+        blocks = self.group_size is None or self.group_size % 32 == 0
+        gguf = blocks and not self.per_tensor and not self.stores_group_index and (
+            self.bits in (4, 5) or self.bits == 8 and self.symmetric)
+        own = ("gptq",) * gptq + ("gguf",) * gguf
+        if not self.overrides:
+            return own
+        # A mix: GPTQ's layout has one setting for all layers; GGUF types are per tensor.
+        return tuple(t for t in own if t != "gptq" and all(t in o.format.exports for o in self.overrides))
 
     @property
     def stores_group_index(self) -> bool:

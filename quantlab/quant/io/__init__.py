@@ -1,4 +1,7 @@
-"""Checkpoints in and out: the common GPTQ layout (qweight / qzeros / scales / g_idx)."""
+"""Checkpoints in and out: the common GPTQ layout (qweight / qzeros / scales / g_idx), and exporters (``export_``)
+to other ecosystems' formats, one module each."""
+from . import gguf  # noqa: F401  (registers the gguf exporter)
+from .export import EXPORTERS, ExportResult, export_
 from .gptq import load_gptq, save_gptq
 
-__all__ = ["load_gptq", "save_gptq"]
+__all__ = ["EXPORTERS", "ExportResult", "export_", "load_gptq", "save_gptq"]

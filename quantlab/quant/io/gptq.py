@@ -22,7 +22,12 @@ from torch import nn
 from ...errors import UnsupportedError
 from ..kernels.base import DequantKernel, choose_kernel
 from ..linear import QuantizedLinear
-from ..tensors.gptq_layout import FORMATS, from_gptq_tensors, to_gptq_tensors
+from ..tensors.affine import QuantizedTensor
+from ..tensors.base import WeightTensor
+from ..tensors.float_zero import FloatZeroTensor
+from ..tensors.gptq_layout import EXPORT_BITS, FORMATS, from_gptq_tensors, to_gptq_tensors
+from ..tensors.primitives import pack
+from .export import EXPORTERS, ExportResult, Exporter, LinearWeight
 
 
 def untied_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -42,13 +47,40 @@ def _quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
 
 
+def integer_form(q: WeightTensor) -> QuantizedTensor | None:
+    """``q`` as integer codes with integer zero points (HQQ's float zero points where every one is a whole
+    number), or None when it has no such form."""
+    if isinstance(q, QuantizedTensor):
+        return q
+    if isinstance(q, FloatZeroTensor):
+        z = q.zeros.float()
+        if torch.equal(z, torch.round(z)) and bool(((z >= 0) & (z < (1 << q.bits))).all()):
+            return QuantizedTensor(q.packed, q.scales, pack(z.to(torch.uint8), q.bits), q.shape, q.bits, q.group_size)
+    return None
+
+
+def gptq_refusal(q: WeightTensor) -> str | None:
+    """Why the GPTQ layout cannot hold ``q`` (naming what would), or None."""
+    integer = integer_form(q)
+    if integer is None:
+        what = "float zero points that are not whole numbers (HQQ)" if isinstance(q, FloatZeroTensor) else \
+            f"{type(q).__name__} values"
+        return f"{what} have no GPTQ form; nearest that exports: format: int4 (or gptq) with integer zero points"
+    if integer.bits not in EXPORT_BITS:
+        return f"{integer.bits}-bit codes: the GPTQ layout is written for bits {EXPORT_BITS}"
+    if integer.per_tensor:
+        return "one scale per tensor: the GPTQ layout has a scale per channel or group"
+    return None
+
+
 def save_gptq(
     model: nn.Module, folder: str | Path, tokenizer: Any | None = None, checkpoint_format: str = "auto",
     extra_config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``model`` (quantized with the dequantize+matmul kernel) as a GPTQ checkpoint with its config
-    (and ``tokenizer``, which loaders such as GPTQModel expect beside it). ``checkpoint_format``: ``gptq`` (v1),
-    ``gptq_v2``, or ``auto``: v2 for asymmetric weights, v1 for symmetric ones (what GPTQModel loads)."""
+    """Write ``model`` as a GPTQ checkpoint with its config (and ``tokenizer``, which loaders such as GPTQModel
+    expect beside it), from the codes, scales and zero points each layer's kernel holds, whatever its layout.
+    ``checkpoint_format``: ``gptq`` (v1), ``gptq_v2``, or ``auto``: v2 for asymmetric weights, v1 for symmetric
+    ones (what GPTQModel loads)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -60,13 +92,17 @@ def save_gptq(
     tensors: dict[str, torch.Tensor] = {}
     settings = set()
     for name, layer in layers.items():
-        if not isinstance(layer.kernel, DequantKernel):
-            raise UnsupportedError(f"{name} uses kernel {layer.kernel_path}, whose layout is not exported; "
-                                   "quantize with kernel: dequantize+matmul to export")
         if layer.input_scale is not None:
             raise UnsupportedError(f"{name} multiplies its input by a scale (AWQ, not folded), which the GPTQ "
                                    "format cannot hold")
-        q = layer.kernel.qtensor
+        try:
+            stored = layer.kernel.stored()
+        except UnsupportedError as e:
+            raise UnsupportedError(f"{name}: {e}") from None
+        problem = gptq_refusal(stored)
+        if problem:
+            raise UnsupportedError(f"{name}: {problem}")
+        q = integer_form(stored)
         if checkpoint_format == "auto":
             checkpoint_format = "gptq" if q.symmetric else "gptq_v2"
         settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None,
@@ -75,7 +111,8 @@ def save_gptq(
         if layer.bias is not None:
             tensors[f"{name}.bias"] = layer.bias.data.to(torch.float16).cpu()
     if len(settings) != 1:
-        raise UnsupportedError(f"layers were quantized with different settings {sorted(settings)}; the format has one")
+        raise UnsupportedError(f"layers were quantized with different settings {sorted(settings)}; the GPTQ format "
+                               "has one (a per-module mix exports to gguf)")
     bits, group_size, sym, desc_act, true_sequential = settings.pop()
     state = {k: v for k, v in model.state_dict().items() if not any(k.startswith(f"{n}.") for n in layers)}
     tensors.update(untied_tensors(state))
@@ -132,3 +169,29 @@ def load_gptq(
     if missing:
         raise UnsupportedError(f"{folder}: no tensors for {', '.join(missing[:3])}")
     return model.eval()
+
+
+@EXPORTERS.register("gptq", "a GPTQ checkpoint folder (qweight/qzeros/scales/g_idx) for GPTQModel and transformers, "
+                    "from integer codes of 2, 4 or 8 bits with one setting for every layer")
+class GPTQExporter(Exporter):
+    name = "gptq"
+
+    def refusal(self, module: LinearWeight) -> str | None:
+        return gptq_refusal(module.stored)
+
+    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
+        save_gptq(model, folder, tokenizer)
+        result = ExportResult("gptq", folder, ["model.safetensors", "config.json", "quantize_config.json"])
+        for name, layer in _quantized_layers(model).items():
+            q = integer_form(layer.kernel.stored())
+            result.tensors[f"{name}.qweight"] = {"module": name, "type": f"gptq int{q.bits}", "max_abs_deviation":
+                                                 _fp16_scale_deviation(q)}
+        return result
+
+
+def _fp16_scale_deviation(q: QuantizedTensor) -> float:
+    """Largest change to the weight from writing the scales in float16 (0 for float16 or bf16-in-range scales)."""
+    import dataclasses
+
+    written = dataclasses.replace(q, scales=q.scales.to(torch.float16))
+    return float((written.dequantize() - q.dequantize()).abs().max())

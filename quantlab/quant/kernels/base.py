@@ -61,6 +61,12 @@ class Kernel(nn.Module):
         """The weight ``[out, in]`` this kernel multiplies by."""
         raise NotImplementedError
 
+    def stored(self) -> WeightTensor:
+        """The stored form this kernel multiplies by, recovered from its layout (codes, scales and zero points
+        as the kernel holds them), so exporters write the numbers that were measured: ``stored().dequantize()``
+        equals ``dequantize()``."""
+        raise UnsupportedError(f"kernel {self.path} does not give back its stored form")
+
 
 class DequantKernel(Kernel):
     """Any stored form (a ``WeightTensor``): dequantize it, then a dense matmul. Its tensors are held as buffers
@@ -97,6 +103,9 @@ class DequantKernel(Kernel):
 
     def analytic_nbytes(self) -> int:
         return self.qtensor.layout_nbytes()
+
+    def stored(self) -> WeightTensor:
+        return self.qtensor
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.qtensor.dequantize(dtype)
@@ -163,6 +172,15 @@ def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tenso
 def act_order_columns(q: QuantizedTensor) -> torch.Tensor | None:
     """For act-order tensors: input columns sorted by group, so each group is contiguous."""
     return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
+
+
+def group_index(column_order: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """Inverse of ``act_order_columns``: the group of each input column (``g_idx``) from the sorted order."""
+    if column_order is None:
+        return None
+    g_idx = torch.empty_like(column_order)
+    g_idx[column_order.long()] = (torch.arange(column_order.numel(), device=column_order.device) // group).to(g_idx.dtype)
+    return g_idx
 
 
 class KernelRegistry:

@@ -17,8 +17,9 @@ import torch
 
 from ..tensors.affine import QuantizedTensor
 from ..tensors.float_zero import FloatZeroTensor
+from ..tensors.primitives import pack
 from . import native
-from .base import KERNELS, OUT_KINDS, FusedRowsKernel, act_order_columns, traced
+from .base import KERNELS, OUT_KINDS, FusedRowsKernel, act_order_columns, group_index, traced
 
 BLOCK = 32  # codes per block: input widths and group sizes must be multiples of it
 SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -142,6 +143,16 @@ class BitplaneCPUKernel(FusedRowsKernel):
             return FloatZeroTensor.analytic_nbytes(self.shape, self.bits, self.group_size, self.scales.element_size())
         return QuantizedTensor.analytic_nbytes(self.shape, self.bits, self.group_size, self.zeros is None,
                                                self.scales.element_size(), self.column_order is not None)
+
+    def stored(self) -> QuantizedTensor | FloatZeroTensor:
+        codes = from_bitplanes(self.planes.cpu(), self.bits, self.shape[1]).to(self.planes.device)
+        if self.column_order is not None:  # back from group-sorted to the input's column order
+            codes = codes[:, torch.argsort(self.column_order.long())]
+        packed = pack(codes, self.bits)
+        if self.float_zero:
+            return FloatZeroTensor(packed, self.scales, self.zeros, self.shape, self.bits, self.group_size)
+        return QuantizedTensor(packed, self.scales, self.zeros, self.shape, self.bits, self.group_size,
+                               group_index(self.column_order, self.group))
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         return traced(bitplane_matmul, matmul_op)(x, self.planes, self.scales, self.zeros, self.bits, self.group)

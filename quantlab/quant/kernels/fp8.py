@@ -87,6 +87,9 @@ class FP8CPUKernel(FusedRowsKernel):
     def analytic_nbytes(self) -> int:
         return Float8Tensor.analytic_nbytes(self.shape, self.scales.shape[0] == 1 and self.shape[0] > 1)
 
+    def stored(self) -> Float8Tensor:
+        return Float8Tensor(self.data, self.scales, self.shape)
+
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         return traced(fp8_matmul, matmul_op)(x, self.data, self.scales)
 
@@ -125,6 +128,9 @@ class FP8ScaledMMKernel(Kernel):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return (self.data.float() * self.scales).to(dtype)
+
+    def stored(self) -> Float8Tensor:
+        return Float8Tensor(self.data, self.scales, self.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, n_in = self.shape

@@ -110,6 +110,10 @@ class Lut4CPUKernel(FusedRowsKernel):
     def analytic_nbytes(self) -> int:
         return CodebookTensor.analytic_nbytes(self.shape, self.block, self.absmax_scale is not None)
 
+    def stored(self) -> CodebookTensor:
+        return CodebookTensor(self.packed, self.absmax, self.absmax_scale, self.absmax_offset, self.shape,
+                              self.codebook, self.block)
+
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         return traced(lut4_matmul, matmul_op)(x, self.packed, self.absmax, self.absmax_scale, self.absmax_offset,
                                               self.codebook, self.block)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...errors import UnsupportedError
 from ..tensors.affine import QuantizedTensor
 from ..tensors.float_zero import FloatZeroTensor
-from .base import KERNELS, Kernel, act_order_columns, fused_row_matmul, use_fused_row_matmul
+from ..tensors.primitives import pack
+from .base import KERNELS, Kernel, act_order_columns, fused_row_matmul, group_index, use_fused_row_matmul
 
 INT4_GROUPS = (32, 64, 128, 256)
 
@@ -53,6 +55,7 @@ class Int4Kernel(Kernel):
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
         self.shape, self.group, self.tail = q.shape, _int4_group(q), _int4_tail(q) or 0
+        self.group_size, self.float_zero = q.group_size, isinstance(q, FloatZeroTensor)
         order = act_order_columns(q)
         codes = q.codes() if order is None else q.codes()[:, order.long()]
         sz = _int4_scales_and_zeros(q, self.group, dtype)
@@ -79,6 +82,44 @@ class Int4Kernel(Kernel):
         if self.column_order is not None:
             w = w[:, torch.argsort(self.column_order.long())]
         return w.to(dtype)
+
+    def stored(self) -> QuantizedTensor | FloatZeroTensor:
+        """The tensor as this kernel holds it: the codes read back from torch's packing (``_unpack_codes``), the
+        kernel's own scales and zero points (in the activation dtype), so it is the one measured."""
+        out, n_in = self.shape
+        sz = self.scales_and_zeros if not self.tail else torch.cat([self.scales_and_zeros, self.tail_scales_and_zeros])
+        scale, zero = sz[..., 0].t().float(), sz[..., 1].t().float()  # [out, G], kernel column order
+        head = n_in - self.tail
+        codes = self._unpack_codes(self.packed, head, self.group, self.scales_and_zeros)
+        if self.tail:
+            codes = torch.cat([codes, self._unpack_codes(self.tail_packed, self.tail, self.tail,
+                                                         self.tail_scales_and_zeros)], dim=1)
+        g_idx = group_index(self.column_order, self.group)
+        if self.column_order is not None:
+            codes = codes[:, torch.argsort(self.column_order.long())]
+        if self.group_size is None:  # per channel: the kernel repeated the row's parameters in every group
+            scale, zero = scale[:, :1], zero[:, :1]
+        zero_points = 8.0 - zero / scale  # (code - 8) * s + zero == (code - z) * s
+        if self.float_zero:
+            return FloatZeroTensor(pack(codes, 4), scale.to(sz.dtype), zero_points.to(sz.dtype), self.shape, 4,
+                                   self.group_size)
+        zeros = torch.round(zero_points).clamp(0, 15).to(torch.uint8)
+        return QuantizedTensor(pack(codes, 4), scale.to(sz.dtype), pack(zeros, 4), self.shape, 4, self.group_size, g_idx)
+
+    def _unpack_codes(self, packed: torch.Tensor, width: int, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+        """Codes ``[out, width]`` read through the kernel (torch's packing is not documented): identity rows
+        multiply out to ``(code - 8) * scale + zero``, which rounds back to the code (the activation dtype's
+        error is a few hundredths of a step). Checked by packing the codes again: the same bytes."""
+        scale, zero = scales_and_zeros[..., 0].t().float(), scales_and_zeros[..., 1].t().float()
+        scale, zero = scale.repeat_interleave(group, dim=1), zero.repeat_interleave(group, dim=1)
+        eye = torch.eye(width, dtype=scales_and_zeros.dtype, device=packed.device)
+        step = max(1, (1 << 22) // max(self.shape[0], 1))
+        w = torch.cat([self._matmul(eye[k:k + step], packed, group, scales_and_zeros)
+                       for k in range(0, width, step)]).t().float()
+        codes = torch.round((w - zero) / scale + 8).clamp(0, 15).to(torch.uint8)
+        if not torch.equal(self._pack(codes.to(torch.int32), width), packed):
+            raise UnsupportedError(f"{self.path}: its packed codes could not be read back exactly")
+        return codes
 
     def _matmul_all(self, x: torch.Tensor) -> torch.Tensor:
         if not self.tail:
@@ -183,6 +224,14 @@ class Int8Kernel(Kernel):
         if self.offset is not None:
             w = w + self.offset.float()[:, None]
         return w.to(dtype)
+
+    def stored(self) -> QuantizedTensor:
+        codes = (self.codes.to(torch.int16) + 128).to(torch.uint8)
+        scales = self.scales[:, None]
+        if self.offset is None:
+            return QuantizedTensor(codes, scales, None, self.shape, 8, None)
+        zeros = torch.round(128.0 - self.offset.float() / self.scales.float()).clamp(0, 255).to(torch.uint8)[:, None]
+        return QuantizedTensor(codes, scales, zeros, self.shape, 8, None)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if use_fused_row_matmul(x):  # compiled CPU decode: the codes read once as int8 bytes, in the graph

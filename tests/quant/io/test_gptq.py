@@ -58,11 +58,28 @@ def test_model_export_and_import_give_the_same_logits(tmp_path: Path) -> None:
     assert layer.kernel.qtensor.g_idx is not None
 
 
-def test_export_refuses_kernel_layouts_and_mixed_settings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel,dtype", [("int4pack_mm_cpu", "bfloat16"), ("bitplane_cpu", "float32")])
+def test_export_from_any_kernel_layout_loads_back_to_the_measured_logits(tmp_path: Path, kernel: str,
+                                                                         dtype: str) -> None:
     model = make_llama()
-    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, compute_dtype="bfloat16"))
-    with pytest.raises(UnsupportedError, match="int4pack_mm_cpu"):
-        save_gptq(model, tmp_path / "x")
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, compute_dtype=dtype))
+    assert model.model.layers[0].mlp.down_proj.kernel_path == kernel
+    ids = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        measured = model(ids).logits.float()
+    save_gptq(model, tmp_path / "x")
+    loaded = load_gptq(tmp_path / "x", dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        back = loaded(ids).logits.float()
+    # The same codes and scales (bf16 scales widen to float16 exactly); only the matmul path differs.
+    assert (back - measured).abs().max() <= (2e-2 if dtype == "bfloat16" else 1e-4) * measured.abs().max()
+
+
+def test_export_refuses_mixed_settings_and_float_zero_points(tmp_path: Path) -> None:
+    model = make_llama()
+    quantize_(model, WEIGHT_FORMATS["hqq"].build(bits=4, group_size=64))
+    with pytest.raises(UnsupportedError, match="float zero points that are not whole numbers"):
+        save_gptq(model, tmp_path / "h")
     model = make_llama()
     quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=64, kernel="dequantize+matmul", include=["*.mlp.*"]))
     quantize_(model, WEIGHT_FORMATS["int8"].build(kernel="dequantize+matmul", include=["*.self_attn.*"]))

@@ -1,0 +1,131 @@
+"""Exporters: a quantized model written in another ecosystem's format, from the numbers it holds.
+
+An exporter re-quantizes nothing. It reads each quantized linear's stored form back from its kernel
+(``Kernel.stored()``: codes, scales and zero points as measured, whatever the layout) and writes those; a
+module whose numbers the target cannot hold is a one-line refusal naming the module and what would export.
+``export_`` is the library call, ``quantlab export`` and a recipe's ``export:`` the others.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from ...errors import UnsupportedError
+from ...registry import Registry
+from ..linear import QuantizedLinear
+from ..tensors.base import WeightTensor
+
+MANIFEST = "quantlab-export.json"  # what was written, per tensor, beside the exported files
+
+
+@dataclass
+class LinearWeight:
+    """A quantized linear as an exporter sees it: its stored form (``[out, in]``) and bias."""
+
+    name: str
+    stored: WeightTensor
+    bias: torch.Tensor | None
+    settings: dict[str, Any]
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote: the folder, its main file, and per tensor the type written and any deviation."""
+
+    to: str
+    folder: Path
+    files: list[str]
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_abs_deviation(self) -> float:
+        """The largest difference between a written weight and the one measured (0: the same numbers)."""
+        return max((t.get("max_abs_deviation", 0.0) for t in self.tensors.values()), default=0.0)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"to": self.to, "files": self.files, "max_abs_deviation": self.max_abs_deviation,
+                "notes": self.notes, "tensors": self.tensors}
+
+
+class Exporter:
+    """Writes a model quantized by quantlab in one target format. Subclasses are registered in ``EXPORTERS``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+
+    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
+        """Write ``model`` into ``folder``; ``source`` is the model's own file or folder where known (a GGUF
+        file's metadata and tokenizer are copied from it), ``tokenizer`` the loaded tokenizer."""
+        raise NotImplementedError
+
+    def refusal(self, module: LinearWeight) -> str | None:
+        """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None."""
+        raise NotImplementedError
+
+
+EXPORTERS: Registry[Exporter] = Registry("export target")
+
+
+def quantized_linears(model: nn.Module) -> Iterator[LinearWeight]:
+    """Every quantized linear of ``model`` with the stored form its kernel holds. A linear that multiplies its
+    input by a scale (AWQ's, where it could not be folded) is refused: no target stores that scale."""
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizedLinear):
+            if module.input_scale is not None:
+                raise UnsupportedError(f"{name} multiplies its input by a scale (AWQ, not folded into the layer "
+                                       "before), which no export target holds; quantize it with a format that "
+                                       "folds its scales or without AWQ")
+            try:
+                stored = module.kernel.stored()
+            except UnsupportedError as e:
+                raise UnsupportedError(f"{name}: {e}") from None
+            yield LinearWeight(name, stored, None if module.bias is None else module.bias.data, module.settings)
+
+
+def check_exportable(model: nn.Module, to: str) -> None:
+    """Raise the first refusal ``to`` would give for ``model``, before anything is written."""
+    exporter = EXPORTERS[to].build()
+    for linear in quantized_linears(model):
+        problem = exporter.refusal(linear)
+        if problem:
+            raise UnsupportedError(f"{linear.name}: {problem}")
+
+
+def export_(model: nn.Module, to: str, path: str | Path, tokenizer: Any | None = None,
+            source: str | Path | None = None) -> ExportResult:
+    """Write the quantized ``model`` as ``to`` (``quantlab formats`` lists the targets) into the folder ``path``,
+    with a manifest (``quantlab-export.json``) of every tensor's written type and its deviation from the
+    numbers the model holds. ``source``: the file or folder the model was loaded from (a GGUF file's metadata
+    and tokenizer are carried over)."""
+    exporter = EXPORTERS[to].build()
+    check_exportable(model, to)
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    result = exporter.write(model, folder, tokenizer, None if source is None else Path(source))
+    (folder / MANIFEST).write_text(json.dumps(result.manifest(), indent=2, default=str))
+    return result
+
+
+def weights_digest(model: nn.Module) -> str | None:
+    """A SHA-256 of every quantized linear's stored bytes as its kernel holds them (None: nothing quantized), so an
+    export can show that the model it writes holds the numbers a run measured."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    found = False
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizedLinear):
+            found = True
+            digest.update(f"{name}:{module.kernel_path}".encode())
+            for key, t in module.state_dict().items():
+                if t.device.type == "meta":
+                    continue
+                digest.update(key.encode())
+                digest.update(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32] if found else None

@@ -1,0 +1,285 @@
+"""GGUF for llama.cpp: each quantized linear in the ggml block type that holds its numbers.
+
+Integer codes in blocks of 32 along the input (any group size that is a multiple of 32, per channel included,
+since a group's scale is then repeated in each of its blocks) map onto ggml's legacy types:
+
+- symmetric 4-bit → Q4_0 (``d · (q − 8)``), symmetric 5-bit → Q5_0 (``d · (q − 16)``), symmetric 8-bit → Q8_0
+  (``d · (q − 128)``, stored as int8): exactly, with ``d`` the group scale in float16;
+- asymmetric 4- and 5-bit (integer or float zero points, HQQ's) → Q4_1 / Q5_1 (``d · q + m``): the codes and
+  ``d`` exactly, ``m = −z · d`` rounded to float16 (at most half a float16 ulp of ``m``: 0.73% of the group's
+  quantization step for 4-bit codes, 1.5% for 5-bit); the manifest gives each tensor's largest deviation.
+
+Other stored forms (3-bit, NF4/FP4, FP8, act-order columns, groups that are not whole blocks of 32) have no
+ggml type holding their numbers and are refused with the nearest format that exports. Tensors left in
+floating point are written in their dtype (F32, F16, BF16); norms in F32, as llama.cpp expects. Names, the
+llama-family Q/K row order and Gemma's ``1 + weight`` norms follow llama.cpp's converter; metadata and
+tokenizer come from the model's source GGUF when it was loaded from one, otherwise from its config and
+tokenizer folder (llama, mistral and qwen2).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...errors import UnsupportedError
+from ..tensors.affine import QuantizedTensor
+from ..tensors.base import WeightTensor
+from ..tensors.float_zero import FloatZeroTensor
+from .export import EXPORTERS, ExportResult, Exporter, LinearWeight, quantized_linears
+from .gptq import untied_tensors
+
+BLOCK = 32
+GGUF_FILE = "model.gguf"
+# (bits, symmetric) -> ggml type name; float zero points are asymmetric.
+BLOCK_TYPES = {(4, True): "Q4_0", (4, False): "Q4_1", (5, True): "Q5_0", (5, False): "Q5_1", (8, True): "Q8_0"}
+NEAREST = "format: int4, group_size: 32 (Q4_1), with symmetric: true (Q4_0), or int8 with group_size: 32, symmetric: true (Q8_0)"
+# transformers model_type -> llama.cpp architecture
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma3": "gemma3", "gemma3_text": "gemma3",
+                 "gpt2": "gpt2"}
+FROM_CONFIG = ("llama", "qwen2")  # architectures whose metadata is written from a transformers config
+PERMUTES_QK = ("llama",)  # llama.cpp's converter reorders Q and K rows for these
+NORM_PLUS_ONE = ("gemma3",)  # Gemma's RMSNorm multiplies by 1 + weight; llama.cpp stores 1 + weight
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32}
+
+
+def block_type(q: WeightTensor) -> tuple[str | None, str]:
+    """``(ggml type, "")`` for a stored form that maps onto one, else ``(None, why)``."""
+    if not isinstance(q, (QuantizedTensor, FloatZeroTensor)):
+        return None, f"{type(q).__name__} ({_describe(q)}) has no ggml type holding its numbers"
+    symmetric = isinstance(q, QuantizedTensor) and q.symmetric
+    kind = BLOCK_TYPES.get((q.bits, symmetric))
+    if kind is None:
+        return None, f"{q.bits}-bit {'symmetric' if symmetric else 'asymmetric'} codes have no ggml block type"
+    if isinstance(q, QuantizedTensor) and (q.g_idx is not None or q.per_tensor):
+        return None, "act-order columns (g_idx) or one scale per tensor have no ggml block type"
+    group = q.group_size or q.shape[1]
+    if q.shape[1] % BLOCK or group % BLOCK:
+        return None, f"groups of {group} over {q.shape[1]} inputs are not whole blocks of 32"
+    return kind, ""
+
+
+def _describe(q: WeightTensor) -> str:
+    return ", ".join(f"{k}={getattr(q, k)}" for k in ("codebook", "bits", "group_size") if hasattr(q, k))
+
+
+def encode_blocks(q: QuantizedTensor | FloatZeroTensor, kind: str) -> np.ndarray:
+    """The tensor's ggml blocks: uint8 ``[out, in / 32 · block bytes]``, laid out as ggml's ``block_<kind>``."""
+    out, n_in = q.shape
+    nb = n_in // BLOCK
+    codes = q.codes().to(torch.int32).reshape(out, nb, BLOCK)
+    group = q.group_size or n_in
+    block_group = torch.arange(nb) * BLOCK // group
+    scale = q.row_scales().float()[:, block_group]  # [out, nb]
+    parts = [_f16(scale)]
+    if kind in ("Q4_1", "Q5_1"):
+        zero = q.row_zero_points().float()[:, block_group]
+        parts.append(_f16(-zero * scale))
+    if kind == "Q8_0":
+        parts.append((codes - 128).to(torch.int8).view(torch.uint8))
+    else:
+        low = codes & 0xF
+        if kind in ("Q5_0", "Q5_1"):
+            high = (codes >> 4) & 1  # bit j: element j's fifth bit, little-endian uint32
+            qh = (high << torch.arange(BLOCK, dtype=torch.int32)).sum(-1).to(torch.int64)
+            parts.append(torch.stack([(qh >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8))
+        parts.append((low[..., :16] | (low[..., 16:] << 4)).to(torch.uint8))
+    return torch.cat(parts, dim=-1).reshape(out, -1).numpy()
+
+
+def _f16(x: torch.Tensor) -> torch.Tensor:
+    """``x [..]`` as float16 bytes ``[.., 2]`` (little-endian)."""
+    return x.to(torch.float16).contiguous().view(torch.uint8).reshape(*x.shape, 2)
+
+
+def dense_array(t: torch.Tensor) -> tuple[np.ndarray, str]:
+    """A floating-point tensor as the bytes of its own ggml type."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.uint8).numpy(), "BF16"
+    if t.dtype == torch.float16:
+        return t.numpy(), "F16"
+    return t.float().numpy(), "F32"
+
+
+def qk_rows(name: str, config: Any, rows: int) -> torch.Tensor | None:
+    """llama.cpp's converter's row order for a llama-family Q or K projection of ``rows`` outputs (its
+    ``permute``, which transformers' GGUF loader undoes), else None."""
+    if name.endswith("q_proj"):
+        heads = config.num_attention_heads
+    elif name.endswith("k_proj"):
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    else:
+        return None
+    return torch.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+
+
+def architecture(config: Any, source: Path | None) -> str:
+    """llama.cpp's architecture name for the model."""
+    if source is not None and source.suffix == ".gguf":
+        return _field(_reader(source), "general.architecture")
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedError(f"model_type {model_type!r} has no GGUF architecture here (known: "
+                               f"{', '.join(sorted(ARCHITECTURES))})")
+    return ARCHITECTURES[model_type]
+
+
+def _reader(path: Path) -> Any:
+    import gguf
+
+    return gguf.GGUFReader(str(path))
+
+
+def _field(reader: Any, name: str) -> Any:
+    f = reader.fields.get(name)
+    return None if f is None else f.contents()
+
+
+@EXPORTERS.register("gguf", "a GGUF file for llama.cpp: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks from integer codes in "
+                    "groups of 32s, floating point as it is; per-module mixes keep each tensor's type")
+class GGUFExporter(Exporter):
+    name = "gguf"
+
+    def refusal(self, module: LinearWeight) -> str | None:
+        kind, why = block_type(module.stored)
+        return None if kind else f"{why}; nearest that exports to GGUF: {NEAREST}"
+
+    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
+        import gguf
+
+        config = model.config
+        arch = architecture(config, source)
+        names = gguf.get_tensor_name_map(_arch_enum(arch), config.num_hidden_layers)
+        path = folder / GGUF_FILE
+        writer = gguf.GGUFWriter(str(path), arch)
+        result = ExportResult("gguf", folder, [GGUF_FILE])
+        counts: dict[str, int] = {}
+        linears = {lw.name: lw for lw in quantized_linears(model)}
+        dense = {k: v for k, v in untied_tensors(model.state_dict()).items()
+                 if not any(k.startswith(f"{n}.") for n in linears)}
+        tensors: list[tuple[str, np.ndarray, str, dict[str, Any]]] = []
+        for name, lw in linears.items():
+            kind, _ = block_type(lw.stored)
+            blocks = encode_blocks(lw.stored, kind)
+            deviation = _deviation(blocks, kind, lw.stored)
+            rows = qk_rows(name, config, blocks.shape[0]) if arch in PERMUTES_QK else None
+            if rows is not None:
+                blocks = blocks[rows.numpy()]
+            tensors.append((f"{name}.weight", blocks, kind, {"max_abs_deviation": deviation}))
+            counts[kind] = counts.get(kind, 0) + lw.stored.shape[0] * lw.stored.shape[1]
+            if lw.bias is not None:
+                dense[f"{name}.bias"] = lw.bias
+        for key, t in dense.items():
+            t = t.detach().cpu()
+            stem = key.rsplit(".", 1)[0]
+            if arch in PERMUTES_QK and (rows := qk_rows(stem, config, t.shape[0])) is not None:
+                t = t[rows]
+            if t.dim() == 1 or "norm" in key:
+                t = t.float() + (1.0 if arch in NORM_PLUS_ONE and key.endswith("norm.weight") else 0.0)
+            array, kind = dense_array(t)
+            tensors.append((key, array, kind, {}))
+        for key, array, kind, info in tensors:
+            stem, suffix = key.rsplit(".", 1)
+            gguf_name = names.get_name(stem)
+            if gguf_name is None:
+                raise UnsupportedError(f"{key}: no GGUF tensor name for it in architecture {arch}")
+            raw = getattr(gguf.GGMLQuantizationType, kind)
+            writer.add_tensor(f"{gguf_name}.{suffix}", array, raw_dtype=raw if array.dtype == np.uint8 else None)
+            result.tensors[f"{gguf_name}.{suffix}"] = {"module": key, "type": kind, "bytes": int(array.nbytes), **info}
+        main = max(counts, key=counts.get) if counts else dense_array(next(iter(dense.values())))[1]
+        if source is not None and source.suffix == ".gguf":
+            _copy_metadata(writer, _reader(source))
+            result.notes.append(f"metadata and tokenizer copied from {source.name}")
+        else:
+            _metadata_from_config(writer, arch, config)
+            _tokenizer_from_folder(writer, source, tokenizer)
+            result.notes.append("metadata from the model's config, tokenizer from its folder")
+        writer.add_file_type(FILE_TYPES[main])
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return result
+
+
+def _arch_enum(arch: str) -> Any:
+    import gguf
+
+    return next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+
+
+def _deviation(blocks: np.ndarray, kind: str, q: WeightTensor) -> float:
+    """Largest ``|llama.cpp's dequantization − quantlab's|`` over the tensor (gguf-py's reference decoder)."""
+    import gguf
+
+    theirs = gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
+    return float(np.abs(theirs - q.dequantize(torch.float32).numpy()).max())
+
+
+SKIPPED_KEYS = ("general.architecture", "general.file_type", "general.quantization_version")
+
+
+def _copy_metadata(writer: Any, reader: Any) -> None:
+    """Every key of the source GGUF but those this file sets itself (as gguf-py's ``gguf_new_metadata``)."""
+    import gguf
+
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name in SKIPPED_KEYS:
+            continue
+        kind = f.types[0]
+        sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), kind, sub_type=sub)
+
+
+def _metadata_from_config(writer: Any, arch: str, config: Any) -> None:
+    """The hyperparameters llama.cpp reads for the llama family, from a transformers config."""
+    if arch not in FROM_CONFIG:
+        raise UnsupportedError(f"GGUF metadata for architecture {arch} is written from the model's source GGUF "
+                               f"only (from a config: {', '.join(FROM_CONFIG)}); load the model from its .gguf file")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedError(f"rope_type {rope['rope_type']!r} is not written to GGUF from a config here; "
+                               "load the model from its .gguf file")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(theta))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(config.vocab_size)
+
+
+def _tokenizer_from_folder(writer: Any, folder: Path | None, tokenizer: Any | None) -> None:
+    """A GPT-2-style byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp's ``gpt2`` tokenizer model."""
+    import gguf
+
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        raise UnsupportedError("GGUF needs the tokenizer: give the model's folder (with tokenizer.json) as source")
+    try:
+        vocab = gguf.BpeVocab(folder)
+    except FileNotFoundError:
+        raise UnsupportedError(f"{folder / 'tokenizer.json'}: not a byte-level BPE tokenizer, which is the one "
+                               "written to GGUF from a folder here") from None
+    tokens, types = [], []
+    for text, _score, toktype in vocab.all_tokens():
+        tokens.append(text)
+        types.append(toktype)
+    pre = json.loads((folder / "tokenizer.json").read_text()).get("pre_tokenizer") or {}
+    writer.add_tokenizer_model("gpt2")
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        writer.add_tokenizer_pre("gpt2")  # the GPT-2 split regex
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)

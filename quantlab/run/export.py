@@ -1,0 +1,93 @@
+"""Deployable folders from a run: a recipe's ``export:`` writes them from each measured model as it is measured,
+``quantlab export`` from a finished run (the variant's weight format applied again, then checked against the
+digest its record holds, so the folder holds the numbers that were measured)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import QuantlabError, first_line
+from ..models import ModelSpec, model_location
+
+EXPORTS_DIR = "exports"
+
+
+def model_source(spec: ModelSpec) -> Path | None:
+    """The file or folder the recipe's model is read from (its GGUF file where it names one), or None (a hub id
+    or synthetic model: nothing local to copy metadata from)."""
+    if spec.synthetic:
+        return None
+    try:
+        folder = Path(model_location(spec))
+    except QuantlabError:
+        return None
+    if spec.gguf_file:
+        return folder / spec.gguf_file
+    return folder if folder.is_dir() else None
+
+
+def export_folder(run_folder: Path, label: str, to: str) -> Path:
+    """``exports/<label>/<target>`` under the run folder, the label made a folder name."""
+    return run_folder / EXPORTS_DIR / re.sub(r"[^A-Za-z0-9._+-]+", "_", label) / to
+
+
+def export_measured(ctx: Any, targets: list[str]) -> list[dict[str, Any]]:
+    """Export the variant ``ctx`` just measured to each target; a refusal is recorded, the variant stays measured."""
+    from ..quant.io import export_
+
+    results = []
+    for to in targets:
+        out = export_folder(ctx.run_folder, ctx.variant.label, to) if ctx.run_folder else None
+        if out is None:
+            continue
+        try:
+            result = export_(ctx.model, to, out, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
+            results.append({"to": to, "folder": str(out.relative_to(ctx.run_folder)), "files": result.files,
+                            "max_abs_deviation": result.max_abs_deviation})
+        except QuantlabError as e:
+            results.append({"to": to, "error": first_line(e)})
+    return results
+
+
+def export_from_run(run_dir: Path, label: str, to: str, out: Path) -> Any:
+    """Export variant ``label`` (or the first variant of weight format ``label``) of the run in ``run_dir``."""
+    from ..engine.device import resolve_device
+    from ..measurements import VariantContext
+    from ..quant.io import EXPORTERS, export_
+    from .recipe import validate_recipe
+
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise QuantlabError(f"{run_dir}: no manifest.json (not a quantlab run folder)")
+    EXPORTERS[to]  # an unknown target names the known ones
+    recipe = validate_recipe(json.loads(manifest_path.read_text())["recipe"], str(manifest_path))
+    variants = recipe.variants()
+    variant = next((v for v in variants if v.label == label), None) or \
+        next((v for v in variants if v.weight.label == label), None)
+    if variant is None:
+        raise QuantlabError(f"{run_dir}: --variant {label!r} is no variant or weight-format label of the run (labels: "
+                            f"{', '.join(v.label for v in variants)})")
+    measured = _recorded_digest(run_dir, variant)
+    ctx = VariantContext(recipe, variant, resolve_device(recipe.device), None)
+    ctx.load_and_quantize()
+    from ..quant.io.export import weights_digest
+
+    digest = weights_digest(ctx.model)
+    if measured is not None and digest != measured:
+        raise QuantlabError(f"{variant.label}: quantizing again here gave other numbers than the run measured (digest "
+                            f"{digest} vs {measured}: another device, library version or calibration); export from "
+                            "the run itself with the recipe's export: field")
+    result = export_(ctx.model, to, out, tokenizer=ctx.loaded.tokenizer, source=model_source(recipe.model))
+    result.notes.append(f"variant {variant.label} of {run_dir}" + (f", weights digest {digest} as measured"
+                                                                    if measured else ", no digest recorded to check"))
+    return result
+
+
+def _recorded_digest(run_dir: Path, variant: Any) -> str | None:
+    for path in sorted((run_dir / "records").glob("*.json")):
+        record = json.loads(path.read_text())
+        if record.get("variant") == variant.label and record.get("status") == "ok":
+            return (record.get("measurements", {}).get("weights") or {}).get("weights_digest")
+    return None

@@ -1,0 +1,144 @@
+"""GGUF export: ggml blocks decoded by gguf-py (llama.cpp's reference Python decoder) give back quantlab's numbers,
+and transformers' own GGUF loader runs the file to the logits quantlab measured."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from quantlab import UnsupportedError, export_, quantize_, quantize_tensor  # noqa: E402
+from quantlab.extend import WEIGHT_FORMATS  # noqa: E402
+from quantlab.paths import BUNDLED_DIR  # noqa: E402
+from quantlab.quant.io.export import MANIFEST  # noqa: E402
+from quantlab.quant.io.gguf import block_type, encode_blocks  # noqa: E402
+from quantlab.quant.tensors.float_zero import quantize_float_zero  # noqa: E402
+
+TINY = BUNDLED_DIR / "tiny-stdlib-llama"
+IDS = torch.randint(0, 4096, (1, 24), generator=torch.Generator().manual_seed(0))
+
+
+def _weight() -> torch.Tensor:
+    return torch.randn(16, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+
+
+@pytest.mark.parametrize("bits,group_size,symmetric,kind", [
+    (4, 32, True, "Q4_0"), (4, 128, True, "Q4_0"), (4, None, True, "Q4_0"), (5, 64, True, "Q5_0"),
+    (8, 32, True, "Q8_0"), (8, None, True, "Q8_0"),
+])
+def test_symmetric_codes_are_ggml_blocks_exactly(bits, group_size, symmetric, kind) -> None:
+    q = quantize_tensor(_weight(), bits, group_size, symmetric)
+    assert block_type(q) == (kind, "")
+    blocks = encode_blocks(q, kind)
+    block_bytes, block = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, kind)][::-1]
+    assert blocks.shape == (16, 256 // block * block_bytes) and blocks.dtype == np.uint8
+    decoded = gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
+    assert np.array_equal(decoded, q.dequantize(torch.float32).numpy())
+
+
+@pytest.mark.parametrize("kind,make", [
+    ("Q4_1", lambda w: quantize_tensor(w, 4, 32)), ("Q5_1", lambda w: quantize_tensor(w, 5, 64)),
+    ("Q4_1", lambda w: quantize_float_zero(w, 4, 64, optimize=True)),
+])
+def test_asymmetric_codes_differ_only_by_the_float16_minimum(kind, make) -> None:
+    q = make(_weight())
+    assert block_type(q)[0] == kind
+    decoded = gguf.quants.dequantize(encode_blocks(q, kind), getattr(gguf.GGMLQuantizationType, kind))
+    ours = q.dequantize(torch.float32).numpy()
+    # m = -z * d in float16: half an ulp of |m| <= (2^bits - 1) * d at most, under 1% of the group's step d.
+    group = q.group_size or q.shape[1]
+    step = q.row_scales().float().repeat_interleave(group, dim=1)[:, : q.shape[1]].numpy()
+    in_steps = np.abs(decoded - ours) / step
+    assert 0 < in_steps.max() <= ((1 << q.bits) - 1) * 2.0 ** -11 < 0.016
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda w: quantize_tensor(w, 3, 64), "3-bit"), (lambda w: quantize_tensor(w, 8, 32), "asymmetric"),
+    (lambda w: quantize_tensor(w, 4, 16), "whole blocks of 32"),
+])
+def test_forms_without_a_ggml_type_are_refused(make, why) -> None:
+    kind, reason = block_type(make(_weight()))
+    assert kind is None and why in reason
+
+
+def _tiny(dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(TINY, dtype=dtype).eval()
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits.float()
+
+
+MIX = {"format": "int4", "group_size": 32, "symmetric": True, "overrides": [
+    {"modules": "*.down_proj", "format": {"format": "int8", "group_size": 32, "symmetric": True}},
+    {"modules": "*.v_proj", "format": {"format": "int4", "group_size": 64}}]}
+
+
+def test_a_per_module_mix_runs_in_transformers_gguf_loader_as_measured(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = _tiny()
+    quantize_(model, WEIGHT_FORMATS["rtn"].build(**{k: v for k, v in MIX.items() if k != "format"}, bits=4))
+    result = export_(model, "gguf", tmp_path, source=TINY)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    types = {v["module"].rsplit(".", 2)[-2]: v["type"] for v in manifest["tensors"].values() if "layers.0." in v["module"]}
+    assert types == {"q_proj": "Q4_0", "k_proj": "Q4_0", "o_proj": "Q4_0", "gate_proj": "Q4_0", "up_proj": "Q4_0",
+                     "down_proj": "Q8_0", "v_proj": "Q4_1", "input_layernorm": "F32", "post_attention_layernorm": "F32"}
+    exact = [v for v in manifest["tensors"].values() if v["type"] in ("Q4_0", "Q8_0", "F32")]
+    assert exact and all(v.get("max_abs_deviation", 0.0) == 0.0 for v in exact)
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    on_disk = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert on_disk["blk.0.ffn_down.weight"] == "Q8_0" and on_disk["blk.0.attn_q.weight"] == "Q4_0"
+    assert "output.weight" not in on_disk  # tied to the embedding, as llama.cpp's converter writes it
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()
+    measured, back = _logits(model), _logits(loaded)
+    assert (back - measured).abs().max() <= 2e-3 * measured.abs().max()  # Q4_1's float16 minima on v_proj only
+    assert result.max_abs_deviation < 1e-3
+    text = "def f(x):\n    return x + 1  # done"
+    assert AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf")(text).input_ids == \
+        AutoTokenizer.from_pretrained(TINY)(text).input_ids
+
+
+def test_symmetric_export_is_exact_and_a_gguf_source_passes_its_metadata_on(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = _tiny()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=32, symmetric=True))
+    export_(model, "gguf", tmp_path / "a", source=TINY)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a", gguf_file="model.gguf", dtype=torch.float32).eval()
+    assert torch.allclose(_logits(loaded), _logits(model), atol=1e-4, rtol=1e-4)
+    # A model loaded from a GGUF file exports with that file's metadata and tokenizer.
+    quantize_(loaded, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
+    result = export_(loaded, "gguf", tmp_path / "b", source=tmp_path / "a" / "model.gguf")
+    assert any("copied from model.gguf" in n for n in result.notes)
+    a, b = (gguf.GGUFReader(str(tmp_path / d / "model.gguf")) for d in "ab")
+    assert a.fields["tokenizer.ggml.tokens"].contents() == b.fields["tokenizer.ggml.tokens"].contents()
+    assert b.fields["general.file_type"].contents() == 7  # mostly Q8_0
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "b", gguf_file="model.gguf", dtype=torch.float32).eval()
+    assert torch.allclose(_logits(again), _logits(loaded), atol=1e-4, rtol=1e-4)
+
+
+def test_a_module_without_a_ggml_type_is_one_refusal_naming_it_and_the_nearest(tmp_path: Path) -> None:
+    model = _tiny()
+    quantize_(model, WEIGHT_FORMATS["nf4"].build())
+    with pytest.raises(UnsupportedError, match=r"model\.layers\.0\.self_attn\.q_proj: .*nearest .*Q4_0"):
+        export_(model, "gguf", tmp_path)
+    assert not (tmp_path / "model.gguf").exists()
+
+
+def test_llama_cpp_runs_the_export_to_the_measured_logits(tmp_path: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model = _tiny()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=32, symmetric=True))
+    export_(model, "gguf", tmp_path, source=TINY)
+    llm = llama_cpp.Llama(str(tmp_path / "model.gguf"), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm.eval(IDS[0].tolist())
+    theirs = torch.tensor(np.array(llm.scores[: IDS.shape[1]]))
+    ours = _logits(model)[0]
+    assert (theirs.argmax(-1) == ours.argmax(-1)).float().mean() >= 0.9
+    assert (theirs - ours).abs().max() <= 0.05 * ours.abs().max()  # llama.cpp quantizes activations to q8 for Q4_0
