@@ -102,6 +102,7 @@ def test_without_ray_the_executor_is_a_one_line_error_naming_the_extra(tmp_path:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_an_interrupted_driver_resumes_measuring_nothing_twice(local_ray, tmp_path: Path) -> None:
     recipe = validate_recipe({**_recipe({"bundled": "tiny-stdlib-llama"}, ["fp32", "int8", {"format": "int4", "group_size": 128}]),
                               "executor": {"kind": "ray"}})

@@ -409,6 +409,7 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     assert list((out / "claims").glob("*.json")) == []
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_two_concurrent_runs_share_the_variants_and_measure_each_once(small_model_dir: Path, tmp_path: Path) -> None:
     import yaml
 

@@ -327,7 +327,9 @@ class AWQFormat(AffineFormat):
 
     @property
     def exports(self) -> tuple[str, ...]:
-        return ()  # an input scale kept on a linear (o_proj after grouped-query attention) has no place in GPTQ's layout
+        # Whether every scale folds depends on the model (o_proj after grouped-query attention keeps its own input
+        # scale, which no target holds): an AWQ variant exports where it folded, checked at export.
+        return ()
 
     def pseudo_quantize(self, weight: torch.Tensor) -> torch.Tensor:
         q = quantize_tensor(weight, self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype])

@@ -19,6 +19,11 @@ class CastFormat(WeightFormat):
     def scheme_label(self) -> str:
         return SHORT_DTYPE[self.dtype]
 
+    @property
+    def exports(self) -> tuple[str, ...]:
+        """GGUF holds float32, float16 and bfloat16 tensors as they are."""
+        return ("gguf",) if self.is_plain else ()
+
     def prepare_model_(self, model: nn.Module) -> None:
         cast_(model, DTYPES[self.dtype])
 

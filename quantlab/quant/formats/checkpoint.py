@@ -28,11 +28,9 @@ from ..format import WEIGHT_FORMATS, Calibration, WeightFormat
 from ..kernels.base import KernelName, choose_kernel
 from ..linear import QuantizedLinear, linear_types, linear_weight
 from ..tensors.affine import QuantizedTensor
+from ..tensors.awq_layout import from_awq_tensors
 from ..tensors.gptq_layout import FORMATS as GPTQ_FORMATS
 from ..tensors.gptq_layout import from_gptq_tensors
-from ..tensors.primitives import pack
-
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # output column of each 4-bit field of an AWQ GEMM word, low bits first
 
 
 @dataclass(frozen=True)
@@ -79,25 +77,6 @@ class CheckpointSettings:
     @property
     def label(self) -> str:
         return f"{self.method}{self.bits}-{'pc' if self.group_size is None else f'g{self.group_size}'}"
-
-
-def _unpack_awq(words: torch.Tensor, bits: int) -> torch.Tensor:
-    """AWQ GEMM int32 words ``[rows, cols * bits / 32]`` as codes ``[rows, cols]``."""
-    per = 32 // bits
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    fields = torch.stack([(w >> (i * bits)) & ((1 << bits) - 1) for i in range(per)], dim=-1)  # [rows, words, per]
-    codes = torch.empty_like(fields)
-    codes[..., list(AWQ_ORDER)] = fields
-    return codes.reshape(words.shape[0], -1).to(torch.uint8)
-
-
-def from_awq_tensors(t: dict[str, torch.Tensor], bits: int, group_size: int | None) -> QuantizedTensor:
-    """AutoAWQ GEMM tensors as a QuantizedTensor."""
-    codes = _unpack_awq(t["qweight"], bits).t().contiguous()  # [out, in]
-    out, n_in = codes.shape
-    zeros = _unpack_awq(t["qzeros"], bits).t().contiguous()  # [out, groups]
-    return QuantizedTensor(packed=pack(codes, bits), scales=t["scales"].t().contiguous(), zeros=pack(zeros, bits),
-                           shape=(out, n_in), bits=bits, group_size=group_size)
 
 
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -36,6 +36,11 @@ class FP8Format(QuantizedWeightFormat):
         parts = ["fp8", self.kind, "pt" if self.per_tensor else "pc"]
         return "-".join(parts + self.compute_dtype_label() + ([self.kernel] if self.kernel != "auto" else []))
 
+    @property
+    def exports(self) -> tuple[str, ...]:
+        """compressed-tensors' float-quantized weights are e4m3 with a scale per channel or tensor."""
+        return ("compressed-tensors",) if self.kind == "e4m3" and not self.overrides else ()
+
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return Float8Tensor.analytic_nbytes((out_features, in_features), self.per_tensor)
 

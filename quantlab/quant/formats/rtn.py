@@ -62,17 +62,25 @@ class AffineFormat(QuantizedWeightFormat):
 
     @property
     def exports(self) -> tuple[str, ...]:
-        """GPTQ's layout holds 2-, 4- and 8-bit integer zero points per channel or group (from any kernel's
-        layout); GGUF's blocks hold 4- and 5-bit codes, and symmetric 8-bit ones, in groups of multiples of 32."""
-        gptq = self.bits in (2, 4, 8) and self.zero_point == "int" and not self.per_tensor
+        """The export targets that hold this config's numbers whatever the kernel (from the stored form): GPTQ's
+        layout 2-, 4- and 8-bit integer zero points per channel or group; compressed-tensors any width with integer
+        zero points, in order; AWQ's 4-bit groups; GGUF's blocks 4- and 5-bit codes, and symmetric 8-bit ones, in
+        groups of multiples of 32. Whether a module's shape fits (a group that divides it) is checked at export."""
+        integer = self.zero_point == "int" and not self.per_tensor
+        in_order = not self.stores_group_index
         blocks = self.group_size is None or self.group_size % 32 == 0
-        gguf = blocks and not self.per_tensor and not self.stores_group_index and (
-            self.bits in (4, 5) or self.bits == 8 and self.symmetric)
-        own = ("gptq",) * gptq + ("gguf",) * gguf
+        own = {
+            "gptq": integer and self.bits in (2, 4, 8),
+            "compressed-tensors": integer and in_order,
+            "awq": integer and in_order and self.bits == 4 and self.group_size is not None,
+            "gguf": blocks and in_order and not self.per_tensor and (self.bits in (4, 5) or
+                                                                   self.bits == 8 and self.symmetric),
+        }
+        targets = tuple(t for t, ok in own.items() if ok)
         if not self.overrides:
-            return own
-        # A mix: GPTQ's layout has one setting for all layers; GGUF types are per tensor.
-        return tuple(t for t in own if t != "gptq" and all(t in o.format.exports for o in self.overrides))
+            return targets
+        # A mix: GPTQ's and AWQ's layouts have one setting for all layers; the others are per module.
+        return tuple(t for t in targets if t not in ("gptq", "awq") and all(t in o.format.exports for o in self.overrides))
 
     @property
     def stores_group_index(self) -> bool:

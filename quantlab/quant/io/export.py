@@ -64,6 +64,9 @@ class Exporter:
         file's metadata and tokenizer are copied from it), ``tokenizer`` the loaded tokenizer."""
         raise NotImplementedError
 
+    def check_available(self) -> None:
+        """Raise a one-line error when a package this target writes with is missing."""
+
     def refusal(self, module: LinearWeight) -> str | None:
         """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None."""
         raise NotImplementedError
@@ -104,6 +107,7 @@ def export_(model: nn.Module, to: str, path: str | Path, tokenizer: Any | None =
     numbers the model holds. ``source``: the file or folder the model was loaded from (a GGUF file's metadata
     and tokenizer are carried over)."""
     exporter = EXPORTERS[to].build()
+    exporter.check_available()
     check_exportable(model, to)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)

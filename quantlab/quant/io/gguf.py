@@ -30,7 +30,7 @@ from ...errors import UnsupportedError
 from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
-from .export import EXPORTERS, ExportResult, Exporter, LinearWeight, quantized_linears
+from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, quantized_linears
 from .gptq import untied_tensors
 
 BLOCK = 32
@@ -143,6 +143,12 @@ def _field(reader: Any, name: str) -> Any:
                     "groups of 32s, floating point as it is; per-module mixes keep each tensor's type")
 class GGUFExporter(Exporter):
     name = "gguf"
+
+    def check_available(self) -> None:
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            raise UnsupportedError("exporting to GGUF needs the gguf package (pip install gguf)") from None
 
     def refusal(self, module: LinearWeight) -> str | None:
         kind, why = block_type(module.stored)

@@ -27,7 +27,7 @@ from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
 from ..tensors.gptq_layout import EXPORT_BITS, FORMATS, from_gptq_tensors, to_gptq_tensors
 from ..tensors.primitives import pack
-from .export import EXPORTERS, ExportResult, Exporter, LinearWeight
+from .export import EXPORTERS, Exporter, ExportResult, LinearWeight
 
 
 def untied_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -158,6 +158,26 @@ class GPTQModelKernel(Kernel):
         with torch.no_grad():
             return self.module(eye).t().to(dtype)
 
+    def stored(self) -> QuantizedTensor:
+        """The GPTQ tensors the QuantLinear holds (qweight / qzeros / scales / g_idx), read as GPTQModel keeps them
+        in memory (zero points as they are, its v2 form) and checked against the module's own product; a kernel
+        that repacked them for its own layout is refused."""
+        from ..tensors.gptq_layout import from_gptq_tensors
+
+        m = self.module
+        if not all(isinstance(getattr(m, k, None), torch.Tensor) for k in ("qweight", "qzeros", "scales", "g_idx")):
+            raise UnsupportedError(f"{self.path} holds no GPTQ tensors to read back")
+        tensors = {k: getattr(m, k).detach().cpu() for k in ("qweight", "qzeros", "scales", "g_idx")}
+        expected = self.dequantize(torch.float32).cpu()
+        for layout in ("gptq_v2", "gptq"):
+            try:
+                q = from_gptq_tensors(tensors, self.bits, self.group_size or -1, self.symmetric, layout)
+            except Exception:  # noqa: BLE001 - a layout these tensors are not in
+                continue
+            if q.shape == self.shape and torch.allclose(q.dequantize(torch.float32), expected, rtol=2e-2, atol=1e-3):
+                return q.to(self.module.qweight.device)
+        raise UnsupportedError(f"{self.path} repacked its weights into a layout of its own, which is not read back")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.module(x)
 

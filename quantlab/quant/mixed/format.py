@@ -54,6 +54,8 @@ class MixedFormat(WeightFormat):
     sensitivity_path: str | None = Field(None, description="CSV of divergences per group and candidate: read when "
                                          "it exists, else measured and written there")
     scan_tokens: int = Field(2048, ge=2, description="calibration tokens the sensitivity scan scores")
+    export_to: str | None = Field(None, description="an export target (gguf, compressed-tensors, ...): every candidate "
+                                  "must write to it exactly, so the chosen mix can be deployed there")
     head: bool = Field(False, description="the output head joins the choice as a group of its own: in a candidate "
                        "that needs no calibration, or kept as it is (kept, a tied head costs nothing beyond the "
                        "embedding table the lookup needs anyway; quantized, it takes a copy of its own)")
@@ -86,6 +88,16 @@ class MixedFormat(WeightFormat):
         if self.head and all(c.requires_calibration for c in self.candidates):
             raise ValueError("head: the output head takes only formats without calibration data, and every "
                              "candidate needs it")
+        if self.export_to is not None:
+            from ..io import EXPORTERS
+
+            if self.export_to not in EXPORTERS:
+                raise ValueError(f"export_to: unknown export target {self.export_to!r} (known: "
+                                 f"{', '.join(EXPORTERS.names())})")
+            for c in self.candidates:
+                if self.export_to not in c.exports:
+                    raise ValueError(f"export_to {self.export_to}: candidate {c.label} does not export to it "
+                                     f"(it exports to: {', '.join(c.exports) or 'nothing'})")
         labels = [c.scheme_label for c in self.candidates]
         if len(set(labels)) != len(labels):
             raise ValueError(f"candidates repeat a format: {', '.join(labels)}")
@@ -102,6 +114,12 @@ class MixedFormat(WeightFormat):
                 raise ValueError(f"candidates {self.candidates[0].scheme_label} and {c.scheme_label} run the model in "
                                  "different dtypes; give them the same compute_dtype")
         return self
+
+    @property
+    def exports(self) -> tuple[str, ...]:
+        """The per-module targets every candidate writes to (GPTQ's and AWQ's folders have one setting)."""
+        common = [t for t in self.candidates[0].exports if all(t in c.exports for c in self.candidates)]
+        return tuple(t for t in common if t not in ("gptq", "awq"))
 
     @property
     def budget_label(self) -> str:

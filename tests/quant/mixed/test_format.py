@@ -109,6 +109,7 @@ def test_the_scan_is_written_to_sensitivity_path_and_read_back(tmp_path: Path, m
         quantize_(make_llama(), other, _random_calibration())
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_at_the_bytes_of_int4_g128_the_mix_diverges_less_than_int4_g128_on_the_bundled_model() -> None:
     from quantlab.data import calibration_samples, load_text
     from quantlab.eval.tokens import tokenize
@@ -166,3 +167,15 @@ def test_at_layer_granularity_the_head_is_a_group_of_its_own() -> None:
     assert groups[-1].modules == ("lm_head",) and groups[-1].first_layer is None
     kinds = {g.name: g.patterns for g in group_linears(model, names, "module-type")}
     assert "lm_head" in kinds["lm_head"]
+
+
+def test_export_to_admits_only_candidates_that_write_to_the_target_exactly() -> None:
+    q8, q4 = {"format": "int8", "group_size": 32, "symmetric": True}, {"format": "int4", "group_size": 32}
+    fmt = WEIGHT_FORMATS["mixed"].build(candidates=[q8, q4], bits_per_weight=5.0, export_to="gguf")
+    assert "gguf" in fmt.exports and "gptq" not in fmt.exports
+    with pytest.raises(ValueError, match="candidate int8-pc-asym does not export to it"):
+        WEIGHT_FORMATS["mixed"].build(candidates=["int8", q4], bits_per_weight=5.0, export_to="gguf")
+    with pytest.raises(ValueError, match="candidate nf4-b64 does not export"):
+        WEIGHT_FORMATS["mixed"].build(candidates=[q4, "nf4"], bits_per_weight=5.0, export_to="compressed-tensors")
+    with pytest.raises(ValueError, match="unknown export target 'onnx'"):
+        WEIGHT_FORMATS["mixed"].build(candidates=[q8, q4], bits_per_weight=5.0, export_to="onnx")

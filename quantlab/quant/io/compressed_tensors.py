@@ -1,0 +1,137 @@
+"""compressed-tensors, what llm-compressor writes and vLLM and transformers load.
+
+Integer codes of 1–8 bits are ``pack-quantized``: ``weight_packed`` (int32, codes packed along the input by
+compressed-tensors' own ``pack_to_int32``), ``weight_scale`` ``[out, groups]``, ``weight_zero_point`` (asymmetric,
+packed along the output) and ``weight_shape``; float8 e4m3 values are ``float-quantized`` (``weight`` in float8 and
+a float32 ``weight_scale`` per channel or tensor). Each distinct scheme is a config group whose targets are its
+modules' names, so per-module mixes keep each module's own scheme; linears left in floating point are
+``ignore``d. The numbers are those the model holds: ``(code − zero) · scale`` is compressed-tensors' own
+``(q − zp) · scale`` with ``q = code − 2^(bits−1)``. Refused: NF4/FP4 codebooks, float zero points that are not
+whole numbers (HQQ), act-order columns and e5m2.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import UnsupportedError
+from ..tensors.base import WeightTensor
+from ..tensors.float8 import Float8Tensor
+from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, quantized_linears
+from .gptq import integer_form, untied_tensors
+
+NEAREST = "format: int4 (group_size 32-128, symmetric or not), int8, or fp8 (e4m3)"
+
+
+def scheme(q: WeightTensor) -> dict[str, Any] | str:
+    """The compressed-tensors weight arguments and format for ``q``, or why there are none."""
+    if isinstance(q, Float8Tensor):
+        if q.data.dtype != torch.float8_e4m3fn:
+            return "float8 e5m2 values: compressed-tensors' float-quantized weights are e4m3"
+        per_tensor = q.scales.numel() == 1 and q.shape[0] > 1
+        return {"format": "float-quantized", "weights": {
+            "num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor" if per_tensor else "channel",
+            "group_size": None, "dynamic": False, "actorder": None, "observer": "minmax"}}
+    integer = integer_form(q)
+    if integer is None:
+        return f"{type(q).__name__} values (not integer codes with integer zero points) have no compressed-tensors form"
+    if integer.g_idx is not None:
+        return "act-order columns (g_idx) are not written here (GPTQ with act_order: false exports)"
+    if integer.per_tensor:
+        return "one scale per tensor for integer codes is not written here"
+    return {"format": "pack-quantized", "weights": {
+        "num_bits": integer.bits, "type": "int", "symmetric": integer.symmetric,
+        "strategy": "channel" if integer.group_size is None else "group", "group_size": integer.group_size,
+        "dynamic": False, "actorder": None, "observer": "minmax"}}
+
+
+def module_tensors(lw: LinearWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The module's compressed tensors by their compressed-tensors names (scales in the model's ``dtype``)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    q = lw.stored
+    if isinstance(q, Float8Tensor):
+        per_tensor = q.scales.numel() == 1 and q.shape[0] > 1
+        return {"weight": q.data.cpu(), "weight_scale": q.scales.float().reshape(1 if per_tensor else -1, 1).cpu()}
+    integer = integer_form(q)
+    offset = 1 << (integer.bits - 1)
+    codes = (integer.codes().to(torch.int16) - offset).to(torch.int8).cpu()
+    out = {"weight_packed": pack_to_int32(codes, integer.bits), "weight_shape": torch.tensor(list(integer.shape)),
+           "weight_scale": integer.row_scales().to(dtype).contiguous().cpu()}
+    if not integer.symmetric:
+        zeros = (integer.row_zero_points().to(torch.int16) - offset).to(torch.int8).cpu()
+        out["weight_zero_point"] = pack_to_int32(zeros.contiguous(), integer.bits, packed_dim=0)
+    return out
+
+
+def written_weight(q: WeightTensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight as the written tensors decode (scales in ``dtype``), float32."""
+    if isinstance(q, Float8Tensor):
+        return q.dequantize(torch.float32)
+    integer = integer_form(q)
+    import dataclasses
+
+    return dataclasses.replace(integer, scales=integer.scales.to(dtype)).dequantize(torch.float32)
+
+
+@EXPORTERS.register("compressed-tensors", "a compressed-tensors folder for vLLM and transformers: pack-quantized "
+                    "integer codes (1-8 bits, channel or group, symmetric or not), float-quantized FP8 e4m3; mixes "
+                    "as config groups")
+class CompressedTensorsExporter(Exporter):
+    name = "compressed-tensors"
+
+    def check_available(self) -> None:
+        try:
+            import compressed_tensors  # noqa: F401
+        except ImportError:
+            raise UnsupportedError("exporting to compressed-tensors needs the compressed-tensors package "
+                                   "(pip install 'quantlab[export]')") from None
+
+    def refusal(self, module: LinearWeight) -> str | None:
+        found = scheme(module.stored)
+        return None if isinstance(found, dict) else f"{found}; nearest that exports to compressed-tensors: {NEAREST}"
+
+    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
+        import compressed_tensors
+        from safetensors.torch import save_file
+
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        result = ExportResult("compressed-tensors", folder, ["model.safetensors", "config.json"])
+        linears = {lw.name: lw for lw in quantized_linears(model)}
+        tensors: dict[str, torch.Tensor] = {}
+        groups: dict[str, dict[str, Any]] = {}
+        for name, lw in linears.items():
+            found = scheme(lw.stored)
+            key = json.dumps(found, sort_keys=True)
+            groups.setdefault(key, {**found, "targets": []})["targets"].append(name)
+            written = module_tensors(lw, dtype)
+            tensors.update({f"{name}.{k}": v for k, v in written.items()})
+            if lw.bias is not None:
+                tensors[f"{name}.bias"] = lw.bias.detach().cpu()
+            deviation = float((written_weight(lw.stored, dtype) - lw.stored.dequantize(torch.float32)).abs().max())
+            result.tensors[name] = {"module": name, "type": f"{found['format']} {found['weights']['type']}"
+                                    f"{found['weights']['num_bits']}", "max_abs_deviation": deviation}
+        state = {k: v for k, v in untied_tensors(model.state_dict()).items()
+                 if not any(k.startswith(f"{n}.") for n in linears)}
+        tensors.update(state)
+        ignore = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in linears]
+        formats = sorted({g["format"] for g in groups.values()})
+        config_groups = {f"group_{i}": {"targets": g["targets"], "weights": g["weights"], "input_activations": None,
+                                        "output_activations": None, "format": g["format"]}
+                         for i, g in enumerate(groups.values())}
+        qconfig = {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
+                   "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
+                   "kv_cache_scheme": None, "version": compressed_tensors.__version__}
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config["quantization_config"] = qconfig
+        (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+            result.files.append("tokenizer.json")
+        return result
+
