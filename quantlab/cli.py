@@ -284,9 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="output folder (default: reports/<recipe>-sensitivity-<formats>-<granularity>)")
     sens.set_defaults(func=_sensitivity)
     export = sub.add_parser("export", help="write a measured variant as GGUF, a GPTQ folder, ... for another engine",
-                            description="Quantize the run's variant again as its record says (the kept weights are "
-                            "reused where the run still has them), check that the numbers are the ones measured (the "
-                            "record's weights digest), and write them in the target format with quantlab-export.json "
+                            description="Quantize the run's variant again as its recipe says, check that the numbers "
+                            "are the ones measured (the record's weights digest), and write them in the target format with quantlab-export.json "
                             "(each tensor's type and its deviation from the measured weights). Nothing is re-rounded: "
                             "a module the target cannot hold is refused, naming the format that would export.",
                             epilog=EXIT_CODES)

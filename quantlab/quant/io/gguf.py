@@ -198,8 +198,13 @@ class GGUFExporter(Exporter):
             result.tensors[f"{gguf_name}.{suffix}"] = {"module": key, "type": kind, "bytes": int(array.nbytes), **info}
         main = max(counts, key=counts.get) if counts else dense_array(next(iter(dense.values())))[1]
         if source is not None and source.suffix == ".gguf":
-            _copy_metadata(writer, _reader(source))
+            reader = _reader(source)
+            _copy_metadata(writer, reader)
             result.notes.append(f"metadata and tokenizer copied from {source.name}")
+            carried = _copy_extra_tensors(writer, reader, set(result.tensors))
+            if carried:
+                result.notes.append(f"tensors the model does not hold, copied from {source.name} as they are: "
+                                    f"{', '.join(carried)}")
         else:
             _metadata_from_config(writer, arch, config)
             _tokenizer_from_folder(writer, source, tokenizer)
@@ -240,6 +245,21 @@ def _copy_metadata(writer: Any, reader: Any) -> None:
         kind = f.types[0]
         sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(f.name, f.contents(), kind, sub_type=sub)
+
+
+def _copy_extra_tensors(writer: Any, reader: Any, written: set[str]) -> list[str]:
+    """Tensors of the source GGUF that have no counterpart in the model (llama 3's ``rope_freqs``, which
+    transformers keeps in its config instead), written as they are so llama.cpp computes as it did."""
+    import gguf
+
+    carried = []
+    for t in reader.tensors:
+        if t.name in written:
+            continue
+        quantized = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type if quantized else None)
+        carried.append(t.name)
+    return carried
 
 
 def _metadata_from_config(writer: Any, arch: str, config: Any) -> None:

@@ -123,6 +123,32 @@ def test_symmetric_export_is_exact_and_a_gguf_source_passes_its_metadata_on(tmp_
     assert torch.allclose(_logits(again), _logits(loaded), atol=1e-4, rtol=1e-4)
 
 
+def test_source_tensors_the_model_does_not_hold_are_carried_over(tmp_path: Path) -> None:
+    """llama 3's rope_freqs lives in transformers' config, not its modules: the export copies it from the source."""
+    from transformers import AutoModelForCausalLM
+
+    from quantlab.quant.io.gguf import _copy_metadata
+
+    model = _tiny()
+    export_(model, "gguf", tmp_path / "a", source=TINY)
+    reader = gguf.GGUFReader(str(tmp_path / "a" / "model.gguf"))
+    writer = gguf.GGUFWriter(str(tmp_path / "src.gguf"), "llama")
+    _copy_metadata(writer, reader)
+    for t in reader.tensors:
+        quantized = t.tensor_type not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type if quantized else None)
+    freqs = np.linspace(1.0, 8.0, 16, dtype=np.float32)
+    writer.add_tensor("rope_freqs.weight", freqs)
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
+        step()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a", gguf_file="model.gguf", dtype=torch.float32).eval()
+    result = export_(loaded, "gguf", tmp_path / "b", source=tmp_path / "src.gguf")
+    assert any("rope_freqs.weight" in n for n in result.notes)
+    out = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "b" / "model.gguf")).tensors}
+    assert np.array_equal(np.array(out["rope_freqs.weight"].data), freqs)
+    assert len(out) == len(reader.tensors) + 1
+
+
 def test_a_module_without_a_ggml_type_is_one_refusal_naming_it_and_the_nearest(tmp_path: Path) -> None:
     model = _tiny()
     quantize_(model, WEIGHT_FORMATS["nf4"].build())
@@ -167,6 +193,7 @@ def test_a_real_model_read_from_its_gguf_exports_with_its_metadata_and_runs_in_t
     quantize_(loaded.model, WEIGHT_FORMATS["int4"].build(group_size=32, symmetric=True))
     result = export_(loaded.model, "gguf", tmp_path, source=model_source(spec))
     assert result.max_abs_deviation == 0.0 and any("copied from" in n for n in result.notes)
+    assert not any("as they are" in n for n in result.notes)  # every tensor of the file has a module
     back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()
     ids = loaded.tokenizer("def fibonacci(n):\n    return", return_tensors="pt").input_ids
     with torch.no_grad():

@@ -190,3 +190,29 @@ def test_a_checkpoint_gptqmodel_made_loads_in_quantlab(tmp_path: Path) -> None:
         ours = load_gptq(tmp_path / "theirs", dtype=torch.float16)(ids).logits
     error, top1 = _agreement(ours, ref)
     assert error < 0.01 and top1 >= 0.99, (error, top1)
+
+
+@pytest.mark.slow
+def test_a_group_that_does_not_divide_the_input_loads_in_gptqmodel_with_the_torch_backend_only(tmp_path: Path) -> None:
+    """README's stated limit: SmolLM2's 576-wide inputs in groups of 128 end in a group of 64, which GPTQModel's
+    default CPU kernel refuses ("expect K to be divisible by qGroupSize"); its torch backend runs the file."""
+    pytest.importorskip("gptqmodel")
+    from gptqmodel import BACKEND, GPTQModel
+
+    model = make_llama(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
+    model = model.to(torch.float16)
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=128))
+    from transformers import AutoTokenizer
+
+    from quantlab.models import bundled_models
+
+    save_gptq(model, tmp_path / "ckpt", tokenizer=AutoTokenizer.from_pretrained(bundled_models()["tiny-stdlib-llama"]))
+    ids = torch.randint(0, 4096, (1, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids).logits
+        with pytest.raises(Exception, match="divisible"):
+            GPTQModel.load(str(tmp_path / "ckpt"), device="cpu", dtype=torch.float16).model(ids)
+        torch_backend = GPTQModel.load(str(tmp_path / "ckpt"), device="cpu", backend=BACKEND.TORCH,
+                                       dtype=torch.float16).model(ids).logits
+    error, top1 = _agreement(torch_backend, ref)
+    assert error < 0.01 and top1 >= 0.99, (error, top1)
