@@ -37,11 +37,11 @@ def export_measured(ctx: Any, targets: list[str]) -> list[dict[str, Any]]:
     """Export the variant ``ctx`` just measured to each target; a refusal is recorded, the variant stays measured."""
     from ..quant.io import export_
 
+    if ctx.run_folder is None:
+        return []
     results = []
     for to in targets:
-        out = export_folder(ctx.run_folder, ctx.variant.label, to) if ctx.run_folder else None
-        if out is None:
-            continue
+        out = export_folder(ctx.run_folder, ctx.variant.label, to)
         try:
             result = export_(ctx.model, to, out, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
             results.append({"to": to, "folder": str(out.relative_to(ctx.run_folder)), "files": result.files,
@@ -56,24 +56,24 @@ def export_from_run(run_dir: Path, label: str, to: str, out: Path) -> Any:
     from ..engine.device import resolve_device
     from ..measurements import VariantContext
     from ..quant.io import EXPORTERS, export_
+    from ..quant.io.export import weights_digest
     from .recipe import validate_recipe
+    from .records import RunFolder
 
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():
         raise QuantlabError(f"{run_dir}: no manifest.json (not a quantlab run folder)")
     EXPORTERS[to]  # an unknown target names the known ones
     recipe = validate_recipe(json.loads(manifest_path.read_text())["recipe"], str(manifest_path))
-    variants = recipe.variants()
-    variant = next((v for v in variants if v.label == label), None) or \
-        next((v for v in variants if v.weight.label == label), None)
+    variant = recipe.variant_named(label)
     if variant is None:
         raise QuantlabError(f"{run_dir}: --variant {label!r} is no variant or weight-format label of the run (labels: "
-                            f"{', '.join(v.label for v in variants)})")
-    measured = _recorded_digest(run_dir, variant)
+                            f"{', '.join(v.label for v in recipe.variants())})")
+    record = RunFolder(run_dir).read_record(variant.key) or {}
+    measured = ((record.get("measurements") or {}).get("weights") or {}).get("weights_digest") \
+        if record.get("status") == "ok" else None
     ctx = VariantContext(recipe, variant, resolve_device(recipe.device), None)
     ctx.load_and_quantize()
-    from ..quant.io.export import weights_digest
-
     digest = weights_digest(ctx.model)
     if measured is not None and digest != measured:
         raise QuantlabError(f"{variant.label}: quantizing again here gave other numbers than the run measured (digest "
@@ -84,10 +84,3 @@ def export_from_run(run_dir: Path, label: str, to: str, out: Path) -> Any:
                                                                     if measured else ", no digest recorded to check"))
     return result
 
-
-def _recorded_digest(run_dir: Path, variant: Any) -> str | None:
-    for path in sorted((run_dir / "records").glob("*.json")):
-        record = json.loads(path.read_text())
-        if record.get("variant") == variant.label and record.get("status") == "ok":
-            return (record.get("measurements", {}).get("weights") or {}).get("weights_digest")
-    return None

@@ -217,10 +217,9 @@ class Recipe(Strict):
             raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
         if self.variant_timeout_s is not None and self.isolation != "process":
             raise ValueError("variant_timeout_s needs isolation: process (a variant in this process cannot be stopped)")
-        weight_labels = {v.weight.label for v in self.variants()}
         for i, spec in enumerate(self.export):
             for name in spec.variants:
-                if name not in labels and name not in weight_labels:
+                if self.variant_named(name) is None:
                     raise ValueError(f"export[{i}].variants: '{name}' is no variant or weight-format label (labels: "
                                      f"{', '.join(labels)})")
         if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
@@ -239,14 +238,18 @@ class Recipe(Strict):
     def baseline_variant(self) -> "Variant":
         return next(v for v in self.variants() if v.label == self.baseline_label)
 
+    def variant_named(self, name: str) -> "Variant | None":
+        """The variant labelled ``name``, else the first variant of the weight format labelled ``name`` (its KV
+        twins hold the same weights), else None."""
+        variants = self.variants()
+        return next((v for v in variants if v.label == name), None) or \
+            next((v for v in variants if v.weight.label == name), None)
+
     def exports_for(self, variant: "Variant") -> list[str]:
-        """The targets ``variant`` is exported to: those of export entries naming it, or naming its weight format
-        when it is the first variant of that format (its KV twins hold the same weights)."""
-        first = next(v for v in self.variants() if v.weight == variant.weight)
+        """The targets ``variant`` is exported to: those of the export entries that name it (``variant_named``)."""
         targets: list[str] = []
         for spec in self.export:
-            if variant.label in spec.variants or (variant is first or variant.label == first.label) and \
-                    variant.weight.label in spec.variants:
+            if any((named := self.variant_named(n)) is not None and named.label == variant.label for n in spec.variants):
                 targets += [t for t in spec.to if t not in targets]
         return targets
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from ...errors import UnsupportedError
 from ..format import WEIGHT_FORMATS, Calibration
-from ..io.gptq import untied_tensors
+from ..io.export import untied_tensors
 from ..linear import QuantizedLinear
 from ..tensors.gptq_layout import from_gptq_tensors
 from .gptq import GPTQSettings

@@ -8,7 +8,6 @@ could fold them; a linear that still multiplies its input by one is refused, as 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,16 @@ from torch import nn
 
 from ...errors import UnsupportedError
 from ..tensors.awq_layout import pack_awq
-from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, quantized_linears
-from .gptq import integer_form, untied_tensors
+from .export import (
+    EXPORTERS,
+    Exporter,
+    ExportResult,
+    LinearWeight,
+    integer_form,
+    other_tensors,
+    scale_cast_deviation,
+    write_checkpoint,
+)
 
 
 def awq_refusal(q: Any) -> str | None:
@@ -42,36 +49,28 @@ class AWQExporter(Exporter):
     def refusal(self, module: LinearWeight) -> str | None:
         return awq_refusal(module.stored)
 
-    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
-        from safetensors.torch import save_file
-
+    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+              source: Path | None) -> ExportResult:
         result = ExportResult("awq", folder, ["model.safetensors", "config.json", "quant_config.json"])
-        linears = {lw.name: lw for lw in quantized_linears(model)}
-        groups = {integer_form(lw.stored).group_size for lw in linears.values()}
+        integers = {lw.name: integer_form(lw.stored) for lw in linears}
+        groups = {q.group_size for q in integers.values()}
         if len(groups) != 1:
             raise UnsupportedError(f"layers use groups of {sorted(groups)}; the AWQ format has one group size "
                                    "(a per-module mix exports to gguf or compressed-tensors)")
         tensors: dict[str, torch.Tensor] = {}
-        for name, lw in linears.items():
-            q = integer_form(lw.stored)
+        for lw in linears:
+            name, q = lw.name, integers[lw.name]
             tensors[f"{name}.qweight"] = pack_awq(q.codes().t().contiguous().cpu())
             tensors[f"{name}.qzeros"] = pack_awq(q.row_zero_points().t().contiguous().cpu())
             tensors[f"{name}.scales"] = q.row_scales().t().to(torch.float16).contiguous().cpu()
             if lw.bias is not None:
                 tensors[f"{name}.bias"] = lw.bias.detach().to(torch.float16).cpu()
-            written = dataclasses.replace(q, scales=q.scales.to(torch.float16)).dequantize()
             result.tensors[name] = {"module": name, "type": "awq gemm int4",
-                                    "max_abs_deviation": float((written - q.dequantize()).abs().max())}
-        tensors.update({k: v for k, v in untied_tensors(model.state_dict()).items()
-                        if not any(k.startswith(f"{n}.") for n in linears)})
+                                    "max_abs_deviation": scale_cast_deviation(q, torch.float16)}
+        tensors.update(other_tensors(model, linears))
         qconfig = {"quant_method": "awq", "bits": 4, "group_size": groups.pop(), "zero_point": True,
                    "version": "gemm", "modules_to_not_convert": None}
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config["quantization_config"] = qconfig
-        (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        write_checkpoint(model, folder, tensors, qconfig, tokenizer)
         (folder / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": qconfig["group_size"],
                                                               "zero_point": True, "version": "GEMM"}, indent=2))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
         return result

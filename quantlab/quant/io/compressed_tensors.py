@@ -21,8 +21,16 @@ from torch import nn
 from ...errors import UnsupportedError
 from ..tensors.base import WeightTensor
 from ..tensors.float8 import Float8Tensor
-from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, quantized_linears
-from .gptq import integer_form, untied_tensors
+from .export import (
+    EXPORTERS,
+    Exporter,
+    ExportResult,
+    LinearWeight,
+    integer_form,
+    other_tensors,
+    scale_cast_deviation,
+    write_checkpoint,
+)
 
 NEAREST = "format: int4 (group_size 32-128, symmetric or not), int8, or fp8 (e4m3)"
 
@@ -68,14 +76,9 @@ def module_tensors(lw: LinearWeight, dtype: torch.dtype) -> dict[str, torch.Tens
     return out
 
 
-def written_weight(q: WeightTensor, dtype: torch.dtype) -> torch.Tensor:
-    """The weight as the written tensors decode (scales in ``dtype``), float32."""
-    if isinstance(q, Float8Tensor):
-        return q.dequantize(torch.float32)
-    integer = integer_form(q)
-    import dataclasses
-
-    return dataclasses.replace(integer, scales=integer.scales.to(dtype)).dequantize(torch.float32)
+def scale_deviation(q: WeightTensor, dtype: torch.dtype) -> float:
+    """Largest change to the weight from writing its scales in ``dtype`` (float8 scales stay float32)."""
+    return 0.0 if isinstance(q, Float8Tensor) else scale_cast_deviation(integer_form(q), dtype)
 
 
 @EXPORTERS.register("compressed-tensors", "a compressed-tensors folder for vLLM and transformers: pack-quantized "
@@ -95,30 +98,26 @@ class CompressedTensorsExporter(Exporter):
         found = scheme(module.stored)
         return None if isinstance(found, dict) else f"{found}; nearest that exports to compressed-tensors: {NEAREST}"
 
-    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
+    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+              source: Path | None) -> ExportResult:
         import compressed_tensors
-        from safetensors.torch import save_file
 
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         result = ExportResult("compressed-tensors", folder, ["model.safetensors", "config.json"])
-        linears = {lw.name: lw for lw in quantized_linears(model)}
         tensors: dict[str, torch.Tensor] = {}
         groups: dict[str, dict[str, Any]] = {}
-        for name, lw in linears.items():
+        for lw in linears:
             found = scheme(lw.stored)
-            key = json.dumps(found, sort_keys=True)
-            groups.setdefault(key, {**found, "targets": []})["targets"].append(name)
-            written = module_tensors(lw, dtype)
-            tensors.update({f"{name}.{k}": v for k, v in written.items()})
+            groups.setdefault(json.dumps(found, sort_keys=True), {**found, "targets": []})["targets"].append(lw.name)
+            tensors.update({f"{lw.name}.{k}": v for k, v in module_tensors(lw, dtype).items()})
             if lw.bias is not None:
-                tensors[f"{name}.bias"] = lw.bias.detach().cpu()
-            deviation = float((written_weight(lw.stored, dtype) - lw.stored.dequantize(torch.float32)).abs().max())
-            result.tensors[name] = {"module": name, "type": f"{found['format']} {found['weights']['type']}"
-                                    f"{found['weights']['num_bits']}", "max_abs_deviation": deviation}
-        state = {k: v for k, v in untied_tensors(model.state_dict()).items()
-                 if not any(k.startswith(f"{n}.") for n in linears)}
-        tensors.update(state)
-        ignore = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in linears]
+                tensors[f"{lw.name}.bias"] = lw.bias.detach().cpu()
+            result.tensors[lw.name] = {"module": lw.name, "type": f"{found['format']} {found['weights']['type']}"
+                                       f"{found['weights']['num_bits']}",
+                                       "max_abs_deviation": scale_deviation(lw.stored, dtype)}
+        tensors.update(other_tensors(model, linears))
+        quantized = {lw.name for lw in linears}
+        ignore = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in quantized]
         formats = sorted({g["format"] for g in groups.values()})
         config_groups = {f"group_{i}": {"targets": g["targets"], "weights": g["weights"], "input_activations": None,
                                         "output_activations": None, "format": g["format"]}
@@ -126,12 +125,7 @@ class CompressedTensorsExporter(Exporter):
         qconfig = {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
                    "kv_cache_scheme": None, "version": compressed_tensors.__version__}
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        config = model.config.to_dict()
-        config["quantization_config"] = qconfig
-        (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+        write_checkpoint(model, folder, tensors, qconfig, tokenizer)
         if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
             result.files.append("tokenizer.json")
         return result
-

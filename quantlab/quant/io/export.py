@@ -7,10 +7,11 @@ module whose numbers the target cannot hold is a one-line refusal naming the mod
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -18,7 +19,10 @@ from torch import nn
 from ...errors import UnsupportedError
 from ...registry import Registry
 from ..linear import QuantizedLinear
+from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
+from ..tensors.float_zero import FloatZeroTensor
+from ..tensors.primitives import pack
 
 MANIFEST = "quantlab-export.json"  # what was written, per tensor, beside the exported files
 
@@ -59,9 +63,11 @@ class Exporter:
     name: ClassVar[str]
     summary: ClassVar[str]
 
-    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
-        """Write ``model`` into ``folder``; ``source`` is the model's own file or folder where known (a GGUF
-        file's metadata and tokenizer are copied from it), ``tokenizer`` the loaded tokenizer."""
+    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+              source: Path | None) -> ExportResult:
+        """Write ``model``, whose quantized ``linears`` (read back once, none refused) it is given, into
+        ``folder``; ``source`` is the model's own file or folder where known (a GGUF file's metadata and
+        tokenizer are copied from it), ``tokenizer`` the loaded tokenizer."""
         raise NotImplementedError
 
     def check_available(self) -> None:
@@ -75,9 +81,10 @@ class Exporter:
 EXPORTERS: Registry[Exporter] = Registry("export target")
 
 
-def quantized_linears(model: nn.Module) -> Iterator[LinearWeight]:
+def quantized_linears(model: nn.Module) -> list[LinearWeight]:
     """Every quantized linear of ``model`` with the stored form its kernel holds. A linear that multiplies its
     input by a scale (AWQ's, where it could not be folded) is refused: no target stores that scale."""
+    linears = []
     for name, module in model.named_modules():
         if isinstance(module, QuantizedLinear):
             if module.input_scale is not None:
@@ -88,16 +95,9 @@ def quantized_linears(model: nn.Module) -> Iterator[LinearWeight]:
                 stored = module.kernel.stored()
             except UnsupportedError as e:
                 raise UnsupportedError(f"{name}: {e}") from None
-            yield LinearWeight(name, stored, None if module.bias is None else module.bias.data, module.settings)
-
-
-def check_exportable(model: nn.Module, to: str) -> None:
-    """Raise the first refusal ``to`` would give for ``model``, before anything is written."""
-    exporter = EXPORTERS[to].build()
-    for linear in quantized_linears(model):
-        problem = exporter.refusal(linear)
-        if problem:
-            raise UnsupportedError(f"{linear.name}: {problem}")
+            linears.append(LinearWeight(name, stored, None if module.bias is None else module.bias.data,
+                                        module.settings))
+    return linears
 
 
 def export_(model: nn.Module, to: str, path: str | Path, tokenizer: Any | None = None,
@@ -105,15 +105,75 @@ def export_(model: nn.Module, to: str, path: str | Path, tokenizer: Any | None =
     """Write the quantized ``model`` as ``to`` (``quantlab formats`` lists the targets) into the folder ``path``,
     with a manifest (``quantlab-export.json``) of every tensor's written type and its deviation from the
     numbers the model holds. ``source``: the file or folder the model was loaded from (a GGUF file's metadata
-    and tokenizer are carried over)."""
+    and tokenizer are carried over). Every module is checked before anything is written."""
     exporter = EXPORTERS[to].build()
     exporter.check_available()
-    check_exportable(model, to)
+    linears = quantized_linears(model)
+    for linear in linears:
+        problem = exporter.refusal(linear)
+        if problem:
+            raise UnsupportedError(f"{linear.name}: {problem}")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    result = exporter.write(model, folder, tokenizer, None if source is None else Path(source))
+    result = exporter.write(model, linears, folder, tokenizer, None if source is None else Path(source))
     (folder / MANIFEST).write_text(json.dumps(result.manifest(), indent=2, default=str))
     return result
+
+
+def untied_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each storage once, under its first name (tied weights: the input embedding's), detached,
+    contiguous and on the CPU, as safetensors writes them."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        ptr = value.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            out[key] = value.detach().cpu().contiguous()
+    return out
+
+
+def other_tensors(model: nn.Module, linears: list[LinearWeight]) -> dict[str, torch.Tensor]:
+    """The model's tensors outside its quantized linears (embeddings, norms, unquantized linears), untied."""
+    names = {lw.name for lw in linears}
+
+    def inside(key: str) -> bool:
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in names for i in range(1, len(parts)))
+
+    return untied_tensors({k: v for k, v in model.state_dict().items() if not inside(k)})
+
+
+def integer_form(q: WeightTensor) -> QuantizedTensor | None:
+    """``q`` as integer codes with integer zero points (HQQ's float zero points where every one is a whole
+    number), or None when it has no such form."""
+    if isinstance(q, QuantizedTensor):
+        return q
+    if isinstance(q, FloatZeroTensor):
+        z = q.zeros.float()
+        if torch.equal(z, torch.round(z)) and bool(((z >= 0) & (z < (1 << q.bits))).all()):
+            return QuantizedTensor(q.packed, q.scales, pack(z.to(torch.uint8), q.bits), q.shape, q.bits, q.group_size)
+    return None
+
+
+def scale_cast_deviation(q: QuantizedTensor, dtype: torch.dtype) -> float:
+    """Largest change to the weight from writing its scales as ``dtype`` (0 where the cast is exact)."""
+    written = dataclasses.replace(q, scales=q.scales.to(dtype))
+    return float((written.dequantize() - q.dequantize()).abs().max())
+
+
+def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Tensor], qconfig: dict[str, Any],
+                     tokenizer: Any | None) -> None:
+    """A transformers checkpoint folder: ``model.safetensors``, ``config.json`` carrying ``qconfig`` as its
+    ``quantization_config``, and the tokenizer where there is one."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config["quantization_config"] = qconfig
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def weights_digest(model: nn.Module) -> str | None:

@@ -30,8 +30,7 @@ from ...errors import UnsupportedError
 from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
-from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, quantized_linears
-from .gptq import untied_tensors
+from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors
 
 BLOCK = 32
 GGUF_FILE = "model.gguf"
@@ -117,10 +116,10 @@ def qk_rows(name: str, config: Any, rows: int) -> torch.Tensor | None:
     return torch.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
 
 
-def architecture(config: Any, source: Path | None) -> str:
-    """llama.cpp's architecture name for the model."""
-    if source is not None and source.suffix == ".gguf":
-        return _field(_reader(source), "general.architecture")
+def architecture(config: Any, reader: Any | None) -> str:
+    """llama.cpp's architecture name for the model: its source GGUF's (``reader``), else from its model_type."""
+    if reader is not None:
+        return _field(reader, "general.architecture")
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise UnsupportedError(f"model_type {model_type!r} has no GGUF architecture here (known: "
@@ -154,21 +153,22 @@ class GGUFExporter(Exporter):
         kind, why = block_type(module.stored)
         return None if kind else f"{why}; nearest that exports to GGUF: {NEAREST}"
 
-    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
+    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+              source: Path | None) -> ExportResult:
         import gguf
 
         config = model.config
-        arch = architecture(config, source)
+        reader = _reader(source) if source is not None and source.suffix == ".gguf" else None
+        arch = architecture(config, reader)
         names = gguf.get_tensor_name_map(_arch_enum(arch), config.num_hidden_layers)
         path = folder / GGUF_FILE
         writer = gguf.GGUFWriter(str(path), arch)
         result = ExportResult("gguf", folder, [GGUF_FILE])
         counts: dict[str, int] = {}
-        linears = {lw.name: lw for lw in quantized_linears(model)}
-        dense = {k: v for k, v in untied_tensors(model.state_dict()).items()
-                 if not any(k.startswith(f"{n}.") for n in linears)}
+        dense = other_tensors(model, linears)
         tensors: list[tuple[str, np.ndarray, str, dict[str, Any]]] = []
-        for name, lw in linears.items():
+        for lw in linears:
+            name = lw.name
             kind, _ = block_type(lw.stored)
             blocks = encode_blocks(lw.stored, kind)
             deviation = _deviation(blocks, kind, lw.stored)
@@ -196,9 +196,8 @@ class GGUFExporter(Exporter):
             raw = getattr(gguf.GGMLQuantizationType, kind)
             writer.add_tensor(f"{gguf_name}.{suffix}", array, raw_dtype=raw if array.dtype == np.uint8 else None)
             result.tensors[f"{gguf_name}.{suffix}"] = {"module": key, "type": kind, "bytes": int(array.nbytes), **info}
-        main = max(counts, key=counts.get) if counts else dense_array(next(iter(dense.values())))[1]
-        if source is not None and source.suffix == ".gguf":
-            reader = _reader(source)
+        main = max(counts, key=counts.get) if counts else tensors[0][2]  # mostly this type
+        if reader is not None:
             _copy_metadata(writer, reader)
             result.notes.append(f"metadata and tokenizer copied from {source.name}")
             carried = _copy_extra_tensors(writer, reader, set(result.tensors))

@@ -26,37 +26,17 @@ from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
 from ..tensors.gptq_layout import EXPORT_BITS, FORMATS, from_gptq_tensors, to_gptq_tensors
-from ..tensors.primitives import pack
-from .export import EXPORTERS, Exporter, ExportResult, LinearWeight
-
-
-def untied_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` with each storage once, under its first name (tied weights: the input embedding's), detached,
-    contiguous and on the CPU, as safetensors writes them."""
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        ptr = value.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            out[key] = value.detach().cpu().contiguous()
-    return out
-
-
-def _quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
-
-
-def integer_form(q: WeightTensor) -> QuantizedTensor | None:
-    """``q`` as integer codes with integer zero points (HQQ's float zero points where every one is a whole
-    number), or None when it has no such form."""
-    if isinstance(q, QuantizedTensor):
-        return q
-    if isinstance(q, FloatZeroTensor):
-        z = q.zeros.float()
-        if torch.equal(z, torch.round(z)) and bool(((z >= 0) & (z < (1 << q.bits))).all()):
-            return QuantizedTensor(q.packed, q.scales, pack(z.to(torch.uint8), q.bits), q.shape, q.bits, q.group_size)
-    return None
+from .export import (
+    EXPORTERS,
+    Exporter,
+    ExportResult,
+    LinearWeight,
+    integer_form,
+    other_tensors,
+    quantized_linears,
+    scale_cast_deviation,
+    write_checkpoint,
+)
 
 
 def gptq_refusal(q: WeightTensor) -> str | None:
@@ -81,53 +61,48 @@ def save_gptq(
     expect beside it), from the codes, scales and zero points each layer's kernel holds, whatever its layout.
     ``checkpoint_format``: ``gptq`` (v1), ``gptq_v2``, or ``auto``: v2 for asymmetric weights, v1 for symmetric
     ones (what GPTQModel loads)."""
-    from safetensors.torch import save_file
-
+    linears = quantized_linears(model)
+    for lw in linears:
+        problem = gptq_refusal(lw.stored)
+        if problem:
+            raise UnsupportedError(f"{lw.name}: {problem}")
     folder = Path(folder)
+    write_gptq(model, linears, folder, tokenizer, checkpoint_format, extra_config)
+    return folder
+
+
+def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+               checkpoint_format: str = "auto", extra_config: dict[str, Any] | None = None) -> dict[str, QuantizedTensor]:
+    """The GPTQ checkpoint of ``model`` from its ``linears`` (none refused by ``gptq_refusal``) into ``folder``;
+    returns each linear's integer form as written."""
     if checkpoint_format not in (*FORMATS, "auto"):
         raise UnsupportedError(f"checkpoint_format must be auto or one of {FORMATS}, got {checkpoint_format!r}")
-    layers = _quantized_layers(model)
-    if not layers:
+    if not linears:
         raise UnsupportedError("the model has no quantized linear layers to export")
     tensors: dict[str, torch.Tensor] = {}
     settings = set()
-    for name, layer in layers.items():
-        if layer.input_scale is not None:
-            raise UnsupportedError(f"{name} multiplies its input by a scale (AWQ, not folded), which the GPTQ "
-                                   "format cannot hold")
-        try:
-            stored = layer.kernel.stored()
-        except UnsupportedError as e:
-            raise UnsupportedError(f"{name}: {e}") from None
-        problem = gptq_refusal(stored)
-        if problem:
-            raise UnsupportedError(f"{name}: {problem}")
-        q = integer_form(stored)
+    written: dict[str, QuantizedTensor] = {}
+    for lw in linears:
+        q = written[lw.name] = integer_form(lw.stored)
         if checkpoint_format == "auto":
             checkpoint_format = "gptq" if q.symmetric else "gptq_v2"
         settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None,
-                      bool(layer.settings.get("true_sequential", False))))
-        tensors.update({f"{name}.{k}": v.cpu() for k, v in to_gptq_tensors(q, checkpoint_format).items()})
-        if layer.bias is not None:
-            tensors[f"{name}.bias"] = layer.bias.data.to(torch.float16).cpu()
+                      bool(lw.settings.get("true_sequential", False))))
+        tensors.update({f"{lw.name}.{k}": v.cpu() for k, v in to_gptq_tensors(q, checkpoint_format).items()})
+        if lw.bias is not None:
+            tensors[f"{lw.name}.bias"] = lw.bias.to(torch.float16).cpu()
     if len(settings) != 1:
         raise UnsupportedError(f"layers were quantized with different settings {sorted(settings)}; the GPTQ format "
                                "has one (a per-module mix exports to gguf)")
     bits, group_size, sym, desc_act, true_sequential = settings.pop()
-    state = {k: v for k, v in model.state_dict().items() if not any(k.startswith(f"{n}.") for n in layers)}
-    tensors.update(untied_tensors(state))
+    tensors.update(other_tensors(model, linears))
     qconfig = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": sym, "static_groups": False,
                "true_sequential": true_sequential, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
                "meta": {"quantizer": ["quantlab:0.1.0"]}, **(extra_config or {})}
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    config = model.config.to_dict()
-    config["quantization_config"] = qconfig
-    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    write_checkpoint(model, folder, tensors, qconfig, tokenizer)
     (folder / "quantize_config.json").write_text(json.dumps(qconfig, indent=2))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    return folder
+    return written
 
 
 def load_gptq(
@@ -179,19 +154,11 @@ class GPTQExporter(Exporter):
     def refusal(self, module: LinearWeight) -> str | None:
         return gptq_refusal(module.stored)
 
-    def write(self, model: nn.Module, folder: Path, tokenizer: Any | None, source: Path | None) -> ExportResult:
-        save_gptq(model, folder, tokenizer)
+    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+              source: Path | None) -> ExportResult:
+        written = write_gptq(model, linears, folder, tokenizer)
         result = ExportResult("gptq", folder, ["model.safetensors", "config.json", "quantize_config.json"])
-        for name, layer in _quantized_layers(model).items():
-            q = integer_form(layer.kernel.stored())
-            result.tensors[f"{name}.qweight"] = {"module": name, "type": f"gptq int{q.bits}", "max_abs_deviation":
-                                                 _fp16_scale_deviation(q)}
+        for name, q in written.items():
+            result.tensors[f"{name}.qweight"] = {"module": name, "type": f"gptq int{q.bits}",
+                                                 "max_abs_deviation": scale_cast_deviation(q, torch.float16)}
         return result
-
-
-def _fp16_scale_deviation(q: QuantizedTensor) -> float:
-    """Largest change to the weight from writing the scales in float16 (0 for float16 or bf16-in-range scales)."""
-    import dataclasses
-
-    written = dataclasses.replace(q, scales=q.scales.to(torch.float16))
-    return float((written.dequantize() - q.dequantize()).abs().max())
