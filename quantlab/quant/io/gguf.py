@@ -14,11 +14,13 @@ ggml type holding their numbers and are refused with the nearest format that exp
 floating point are written in their dtype (F32, F16, BF16); norms in F32, as llama.cpp expects. Names, the
 llama-family Q/K row order and Gemma's ``1 + weight`` norms follow llama.cpp's converter; metadata and
 tokenizer come from the model's source GGUF when it was loaded from one, otherwise from its config and
-tokenizer folder (llama, mistral and qwen2).
+tokenizer folder (llama, mistral, qwen2, gemma3 and gpt2: ``gguf_metadata``).
 """
 from __future__ import annotations
 
-import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
 from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors
+from .gguf_metadata import metadata_from_config, tokenizer_from_folder
 
 BLOCK = 32
 GGUF_FILE = "model.gguf"
@@ -40,7 +43,6 @@ NEAREST = "format: int4, group_size: 32 (Q4_1), with symmetric: true (Q4_0), or 
 # transformers model_type -> llama.cpp architecture
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma3": "gemma3", "gemma3_text": "gemma3",
                  "gpt2": "gpt2"}
-FROM_CONFIG = ("llama", "qwen2")  # architectures whose metadata is written from a transformers config
 PERMUTES_QK = ("llama",)  # llama.cpp's converter reorders Q and K rows for these
 NORM_PLUS_ONE = ("gemma3",)  # Gemma's RMSNorm multiplies by 1 + weight; llama.cpp stores 1 + weight
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32}
@@ -166,6 +168,7 @@ class GGUFExporter(Exporter):
         result = ExportResult("gguf", folder, [GGUF_FILE])
         counts: dict[str, int] = {}
         dense = other_tensors(model, linears)
+        transposed = _conv1d_names(model)
         tensors: list[tuple[str, np.ndarray, str, dict[str, Any]]] = []
         for lw in linears:
             name = lw.name
@@ -182,6 +185,8 @@ class GGUFExporter(Exporter):
         for key, t in dense.items():
             t = t.detach().cpu()
             stem = key.rsplit(".", 1)[0]
+            if stem in transposed and key.endswith(".weight"):
+                t = t.T.contiguous()  # GPT-2's Conv1D holds [in, out]; GGUF holds [out, in]
             if arch in PERMUTES_QK and (rows := qk_rows(stem, config, t.shape[0])) is not None:
                 t = t[rows]
             if t.dim() == 1 or "norm" in key:
@@ -205,8 +210,9 @@ class GGUFExporter(Exporter):
                 result.notes.append(f"tensors the model does not hold, copied from {source.name} as they are: "
                                     f"{', '.join(carried)}")
         else:
-            _metadata_from_config(writer, arch, config)
-            _tokenizer_from_folder(writer, source, tokenizer)
+            metadata_from_config(writer, arch, config)
+            with _tokenizer_folder(source, tokenizer) as folder:
+                tokenizer_from_folder(writer, folder)
             result.notes.append("metadata from the model's config, tokenizer from its folder")
         writer.add_file_type(FILE_TYPES[main])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -261,50 +267,18 @@ def _copy_extra_tensors(writer: Any, reader: Any, written: set[str]) -> list[str
     return carried
 
 
-def _metadata_from_config(writer: Any, arch: str, config: Any) -> None:
-    """The hyperparameters llama.cpp reads for the llama family, from a transformers config."""
-    if arch not in FROM_CONFIG:
-        raise UnsupportedError(f"GGUF metadata for architecture {arch} is written from the model's source GGUF "
-                               f"only (from a config: {', '.join(FROM_CONFIG)}); load the model from its .gguf file")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = getattr(config, "rope_parameters", None) or {}
-    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    if rope.get("rope_type", "default") != "default":
-        raise UnsupportedError(f"rope_type {rope['rope_type']!r} is not written to GGUF from a config here; "
-                               "load the model from its .gguf file")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float(theta))
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_vocab_size(config.vocab_size)
+@contextmanager
+def _tokenizer_folder(source: Path | None, tokenizer: Any | None) -> Iterator[Path | None]:
+    """The folder holding the model's ``tokenizer.json``: its source folder, else the loaded tokenizer saved."""
+    if source is not None and (source / "tokenizer.json").is_file() or tokenizer is None:
+        yield source
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        yield Path(tmp)
 
 
-def _tokenizer_from_folder(writer: Any, folder: Path | None, tokenizer: Any | None) -> None:
-    """A GPT-2-style byte-level BPE tokenizer (``tokenizer.json``) as llama.cpp's ``gpt2`` tokenizer model."""
-    import gguf
+def _conv1d_names(model: nn.Module) -> set[str]:
+    from transformers.pytorch_utils import Conv1D
 
-    if folder is None or not (folder / "tokenizer.json").is_file():
-        raise UnsupportedError("GGUF needs the tokenizer: give the model's folder (with tokenizer.json) as source")
-    try:
-        vocab = gguf.BpeVocab(folder)
-    except FileNotFoundError:
-        raise UnsupportedError(f"{folder / 'tokenizer.json'}: not a byte-level BPE tokenizer, which is the one "
-                               "written to GGUF from a folder here") from None
-    tokens, types = [], []
-    for text, _score, toktype in vocab.all_tokens():
-        tokens.append(text)
-        types.append(toktype)
-    pre = json.loads((folder / "tokenizer.json").read_text()).get("pre_tokenizer") or {}
-    writer.add_tokenizer_model("gpt2")
-    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
-        writer.add_tokenizer_pre("gpt2")  # the GPT-2 split regex
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
+    return {name for name, m in model.named_modules() if isinstance(m, Conv1D)}

@@ -1,0 +1,141 @@
+"""llama.cpp (through llama-cpp-python) in a process of its own: timed greedy decoding and the scores of token
+windows, for a GGUF file quantlab exported or a user gave.
+
+Its own process, because llama.cpp's thread pool and torch's OpenMP pool in one process starve each other on a
+small machine. The child reads one JSON command per line on stdin and answers one JSON line:
+
+- ``decode``: ``{prompt, new_tokens}`` → ``{prefill_ms, steps_ms}``, each greedy step timed alone;
+- ``nll``: ``{windows, window}`` → ``{nll_sum, tokens, top1}``: the summed negative log-likelihood of every token
+  of each window but its first (quantlab's ``windows`` protocol, from llama.cpp's own logits), and llama.cpp's
+  most likely next token at each scored position;
+- ``logits``: ``{windows, window, path}`` → ``{path}``: the scored positions' logits, float32
+  ``[windows, window − 1, vocab]``, saved with numpy to ``path``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ..errors import UnsupportedError
+
+INSTALL = ('llama-cpp-python is not installed: pip install -e ".[bench]" builds it from source (minutes; '
+           'CMAKE_ARGS="-DGGML_NATIVE=ON" tunes it to this CPU)')
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+CACHE_TYPES = ("f16", "f32", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")  # llama.cpp's KV cache types
+
+
+def worker(path: str, threads: int, cache_type: str = "f16") -> None:
+    """The child's loop (``python -m quantlab.engine.llama_cpp PATH THREADS [CACHE_TYPE]``)."""
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import Llama
+
+    kv = getattr(llama_cpp, f"GGML_TYPE_{cache_type.upper()}")
+    # quantized caches need llama.cpp's flash attention; f16/f32 run its default path
+    options = dict(n_threads=threads, n_threads_batch=threads, type_k=kv, type_v=kv, verbose=False,
+                   flash_attn=cache_type not in ("f16", "f32", "bf16"))
+    timing = Llama(model_path=path, n_ctx=1024, n_batch=512, **options)
+    scoring: dict[int, Any] = {}
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "decode":
+            timing.reset()
+            start = time.perf_counter()
+            timing.eval(cmd["prompt"])
+            prefill_ms = (time.perf_counter() - start) * 1e3
+            steps = []
+            token = int(np.argmax(timing.scores[timing.n_tokens - 1]))
+            for _ in range(cmd["new_tokens"]):
+                start = time.perf_counter()
+                timing.eval([token])
+                steps.append((time.perf_counter() - start) * 1e3)
+                token = int(np.argmax(timing.scores[timing.n_tokens - 1]))
+            print(json.dumps({"prefill_ms": prefill_ms, "steps_ms": steps}), flush=True)
+            continue
+        window = cmd["window"]
+        if window not in scoring:
+            scoring[window] = Llama(model_path=path, n_ctx=window, n_batch=window, n_ubatch=window, logits_all=True,
+                                    **options)
+        llm = scoring[window]
+        total, count, top1, kept = 0.0, 0, [], []
+        for ids in cmd["windows"]:
+            llm.reset()
+            llm.eval(ids)
+            logits = np.asarray(llm.scores[: len(ids) - 1], dtype=np.float64)
+            if cmd["cmd"] == "logits":
+                kept.append(logits.astype(np.float32))
+                continue
+            top = logits.max(axis=1, keepdims=True)
+            logz = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+            total += float((logz - logits[np.arange(len(ids) - 1), ids[1:]]).sum())
+            count += len(ids) - 1
+            top1.append(logits.argmax(axis=1).tolist())
+        if cmd["cmd"] == "logits":
+            np.save(cmd["path"], np.stack(kept))
+            print(json.dumps({"path": cmd["path"]}), flush=True)
+        else:
+            print(json.dumps({"nll_sum": total, "tokens": count, "top1": top1}), flush=True)
+
+
+class LlamaCppProcess:
+    """A GGUF file loaded by llama.cpp in a child process, its KV cache in ``cache_type`` (llama.cpp's default
+    f16, or f32 to score the weights alone); ``ask(cmd=..., ...)`` sends one command."""
+
+    def __init__(self, path: str | Path, threads: int, cache_type: str = "f16") -> None:
+        if not available():
+            raise UnsupportedError(INSTALL)
+        if cache_type not in CACHE_TYPES:
+            raise UnsupportedError(f"llama.cpp cache type {cache_type!r}: one of {', '.join(CACHE_TYPES)}")
+        self.path = Path(path)
+        self.threads = threads
+        self.cache_type = cache_type
+        self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp", str(path), str(threads),
+                                      cache_type],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read()
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise UnsupportedError(f"llama.cpp could not run {self.path} (its error is above)")
+        return json.loads(line)
+
+    def ask(self, **cmd: Any) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=60)
+
+    def __enter__(self) -> LlamaCppProcess:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def gguf_tensor_bytes(path: str | Path) -> int:
+    """Bytes of every tensor in the GGUF file: what one llama.cpp decode step reads (a tied embedding is the
+    output matrix, read whole; the KV cache is apart)."""
+    from gguf import GGUFReader
+
+    return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4])
