@@ -184,3 +184,52 @@ def test_a_real_model_exported_from_its_config_folder_runs_in_llama_cpp(package:
                                                _windows(loaded.tokenizer, 2048))
     assert abs(theirs_ppl / ours - 1) <= 0.001, (ours, theirs_ppl)
     assert top1 >= 0.99 and clear >= 0.999, (top1, clear)
+
+
+LLAMA3_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+PRE_TOKENIZERS = {  # tokenizer.json pre_tokenizer as Llama 3, Qwen 2 and SmolLM ship it
+    "llama-bpe": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+    "qwen2": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT.replace("\\p{N}{1,3}", "\\p{N}")}, "behavior": "Isolated",
+         "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+    "smollm": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+}
+
+
+@pytest.mark.parametrize("pre", PRE_TOKENIZERS)
+def test_llama_cpp_splits_text_as_each_byte_level_pre_tokenizer_written_from_a_folder(pre: str,
+                                                                                     tmp_path: Path) -> None:
+    """The bundled vocabulary behind Llama 3's, Qwen 2's and SmolLM's pre-tokenizers: llama.cpp, told the name
+    the export writes, splits and merges the held-out text (digits, code, whitespace runs) as transformers does."""
+    import json
+
+    from llama_cpp import Llama
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path / "src"
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    _from_config(model, folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = PRE_TOKENIZERS[pre]
+    spec["model"]["ignore_merges"] = pre == "llama-bpe"  # as Llama 3's tokenizer.json and llama.cpp's llama-bpe
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    quantize_(model, build_format(Q8_0))
+    export_(model, "gguf", tmp_path / "out", source=folder)
+    assert gguf_field(tmp_path / "out" / "model.gguf", "tokenizer.ggml.pre") == pre
+    text = load_text("bundled-heldout").text[:6000] + " 1234567 x=42;\t\n\n  y"
+    llm = Llama(str(tmp_path / "out" / "model.gguf"), vocab_only=True, verbose=False)
+    theirs = llm.tokenize(text.encode(), add_bos=False, special=False)
+    llm.close()
+    assert theirs == AutoTokenizer.from_pretrained(folder)(text, add_special_tokens=False).input_ids
+
+
+def gguf_field(path: Path, name: str):
+    import gguf
+
+    return gguf.GGUFReader(str(path)).fields[name].contents()

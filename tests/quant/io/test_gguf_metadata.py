@@ -177,3 +177,17 @@ def test_metadata_from_a_real_config_is_what_llama_cpp_s_converter_wrote(package
     assert len(differ) <= (30 if package.startswith("gemma") else 0)
     for key in ("bos_token_id", "eos_token_id", "model"):
         assert read[1][f"tokenizer.ggml.{key}"].contents() == read[0][f"tokenizer.ggml.{key}"].contents()
+
+
+def test_a_pre_tokenizer_llama_cpp_has_no_name_for_is_refused(tmp_path: Path) -> None:
+    import json
+
+    model = _gpt2()
+    quantize_(model, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
+    source = _folder(model, tmp_path / "src")
+    spec = json.loads((source / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Whitespace"}
+    (source / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(UnsupportedError, match=r"tokenizer\.json: pre_tokenizer Whitespace is not one written"):
+        export_(model, "gguf", tmp_path / "out", source=source)
+    assert not (tmp_path / "out" / "model.gguf").exists()
