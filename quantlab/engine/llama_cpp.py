@@ -35,8 +35,8 @@ def available() -> bool:
 CACHE_TYPES = ("f16", "f32", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")  # llama.cpp's KV cache types
 
 
-def worker(path: str, threads: int, cache_type: str = "f16") -> None:
-    """The child's loop (``python -m quantlab.engine.llama_cpp PATH THREADS [CACHE_TYPE]``)."""
+def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
+    """The child's loop (``python -m quantlab.engine.llama_cpp PATH THREADS CACHE_TYPE N_CTX``)."""
     import llama_cpp
     import numpy as np
     from llama_cpp import Llama
@@ -45,7 +45,7 @@ def worker(path: str, threads: int, cache_type: str = "f16") -> None:
     # quantized caches need llama.cpp's flash attention; f16/f32 run its default path
     options = dict(n_threads=threads, n_threads_batch=threads, type_k=kv, type_v=kv, verbose=False,
                    flash_attn=cache_type not in ("f16", "f32", "bf16"))
-    timing = Llama(model_path=path, n_ctx=1024, n_batch=512, **options)
+    timing = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, **options)
     scoring: dict[int, Any] = {}
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -91,9 +91,10 @@ def worker(path: str, threads: int, cache_type: str = "f16") -> None:
 
 class LlamaCppProcess:
     """A GGUF file loaded by llama.cpp in a child process, its KV cache in ``cache_type`` (llama.cpp's default
-    f16, or f32 to score the weights alone); ``ask(cmd=..., ...)`` sends one command."""
+    f16, or f32 to score the weights alone) and ``n_ctx`` positions for decoding; ``ask(cmd=..., ...)`` sends one
+    command."""
 
-    def __init__(self, path: str | Path, threads: int, cache_type: str = "f16") -> None:
+    def __init__(self, path: str | Path, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
         if not available():
             raise UnsupportedError(INSTALL)
         if cache_type not in CACHE_TYPES:
@@ -102,7 +103,7 @@ class LlamaCppProcess:
         self.threads = threads
         self.cache_type = cache_type
         self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp", str(path), str(threads),
-                                      cache_type],
+                                      cache_type, str(n_ctx)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()
 
@@ -138,4 +139,4 @@ def gguf_tensor_bytes(path: str | Path) -> int:
 
 
 if __name__ == "__main__":
-    worker(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4])
+    worker(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))

@@ -92,3 +92,15 @@ def test_auto_falls_back_to_eager_when_the_step_does_not_compile(monkeypatch: py
     assert record["engine"] == "eager" and record["decode_steps"] == 3
     assert record["engine_options"]["engine_choice"] == (
         "auto: eager, the step did not compile (TorchRuntimeError: an operator the compiler refuses)")
+
+
+def test_a_generation_longer_than_its_static_cache_is_refused_before_it_runs() -> None:
+    """A compiled step would index past its cache buffers; the generation says so instead."""
+    from quantlab.engine.decode import Generation
+
+    model = make_llama()
+    gen = Generation(model, KV_FORMATS["native"].build(), CPU, max_cache_len=12)
+    gen.prefill(torch.zeros(1, 8, dtype=torch.long))
+    assert len(gen.decode(4)) == 4
+    with pytest.raises(ValueError, match="12 positions \\+ 1 steps exceed the static cache's 12"):
+        gen.decode(1)
