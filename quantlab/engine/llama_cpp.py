@@ -4,7 +4,8 @@ windows, for a GGUF file quantlab exported or a user gave.
 Its own process, because llama.cpp's thread pool and torch's OpenMP pool in one process starve each other on a
 small machine. The child reads one JSON command per line on stdin and answers one JSON line:
 
-- ``decode``: ``{prompt, new_tokens}`` → ``{prefill_ms, steps_ms}``, each greedy step timed alone;
+- ``decode``: ``{prompt, new_tokens}`` → ``{prefill_ms, steps_ms, tokens}``, each greedy step timed alone, and
+  the greedy tokens (the one after the prompt, then one per step);
 - ``nll``: ``{windows, window}`` → ``{nll_sum, tokens, top1}``: the summed negative log-likelihood of every token
   of each window but its first (quantlab's ``windows`` protocol, from llama.cpp's own logits), and llama.cpp's
   most likely next token at each scored position;
@@ -56,13 +57,13 @@ def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) 
             timing.eval(cmd["prompt"])
             prefill_ms = (time.perf_counter() - start) * 1e3
             steps = []
-            token = int(np.argmax(timing.scores[timing.n_tokens - 1]))
+            tokens = [_greedy(timing)]
             for _ in range(cmd["new_tokens"]):
                 start = time.perf_counter()
-                timing.eval([token])
+                timing.eval(tokens[-1:])
                 steps.append((time.perf_counter() - start) * 1e3)
-                token = int(np.argmax(timing.scores[timing.n_tokens - 1]))
-            print(json.dumps({"prefill_ms": prefill_ms, "steps_ms": steps}), flush=True)
+                tokens.append(_greedy(timing))
+            print(json.dumps({"prefill_ms": prefill_ms, "steps_ms": steps, "tokens": tokens}), flush=True)
             continue
         window = cmd["window"]
         if window not in scoring:
@@ -87,6 +88,14 @@ def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) 
             print(json.dumps({"path": cmd["path"]}), flush=True)
         else:
             print(json.dumps({"nll_sum": total, "tokens": count, "top1": top1}), flush=True)
+
+
+def _greedy(llm: Any) -> int:
+    """The most likely next token after the last evaluated one, from llama.cpp's own logits buffer (without
+    ``logits_all``, llama-cpp-python keeps no copy in ``scores``)."""
+    import numpy as np
+
+    return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
 
 
 class LlamaCppProcess:

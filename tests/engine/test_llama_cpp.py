@@ -233,3 +233,19 @@ def gguf_field(path: Path, name: str):
     import gguf
 
     return gguf.GGUFReader(str(path)).fields[name].contents()
+
+
+def test_llama_cpp_s_timed_decode_is_greedy_on_its_own_logits(tmp_path: Path) -> None:
+    """The decode command's tokens are llama.cpp's argmax at each position, as its scored logits give them."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    quantize_(model, build_format(Q8_0))
+    export_(model, "gguf", tmp_path, source=TINY)
+    prompt = list(range(300, 340))
+    with LlamaCppProcess(tmp_path / "model.gguf", threads=2, n_ctx=128) as llama:
+        got = llama.ask(cmd="decode", prompt=prompt, new_tokens=6)
+        window = prompt + got["tokens"][:-1]
+        scored = llama.ask(cmd="nll", windows=[window], window=len(window))
+    assert len(got["steps_ms"]) == 6 and len(got["tokens"]) == 7
+    assert scored["top1"][0][len(prompt) - 1:] == got["tokens"][:-1]
