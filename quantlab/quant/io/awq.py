@@ -70,7 +70,7 @@ class AWQExporter(Exporter):
         tensors.update(other_tensors(model, linears))
         qconfig = {"quant_method": "awq", "bits": 4, "group_size": groups.pop(), "zero_point": True,
                    "version": "gemm", "modules_to_not_convert": None}
-        write_checkpoint(model, folder, tensors, qconfig, tokenizer)
+        write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
         (folder / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": qconfig["group_size"],
                                                               "zero_point": True, "version": "GEMM"}, indent=2))
         return result

@@ -125,7 +125,7 @@ class CompressedTensorsExporter(Exporter):
         qconfig = {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
                    "kv_cache_scheme": None, "version": compressed_tensors.__version__}
-        write_checkpoint(model, folder, tensors, qconfig, tokenizer)
+        write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
         if tokenizer is not None:
             result.files.append("tokenizer.json")
         return result

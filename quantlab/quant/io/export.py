@@ -162,10 +162,15 @@ def scale_cast_deviation(q: QuantizedTensor, dtype: torch.dtype) -> float:
     return float((written.dequantize() - q.dequantize()).abs().max())
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "generation_config.json")
+
+
 def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Tensor], qconfig: dict[str, Any],
-                     tokenizer: Any | None) -> None:
+                     tokenizer: Any | None, source: Path | None = None) -> None:
     """A transformers checkpoint folder: ``model.safetensors``, ``config.json`` carrying ``qconfig`` as its
-    ``quantization_config``, and the tokenizer where there is one."""
+    ``quantization_config``, and the tokenizer: the loaded one, else the source folder's tokenizer files
+    (GPTQModel loads a folder only with its tokenizer)."""
     from safetensors.torch import save_file
 
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -174,6 +179,12 @@ def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Te
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    elif source is not None and source.is_dir():
+        import shutil
+
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy(source / name, folder / name)
 
 
 def weights_digest(model: nn.Module) -> str | None:

@@ -72,7 +72,8 @@ def save_gptq(
 
 
 def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
-               checkpoint_format: str = "auto", extra_config: dict[str, Any] | None = None) -> dict[str, QuantizedTensor]:
+               checkpoint_format: str = "auto", extra_config: dict[str, Any] | None = None,
+               source: Path | None = None) -> dict[str, QuantizedTensor]:
     """The GPTQ checkpoint of ``model`` from its ``linears`` (none refused by ``gptq_refusal``) into ``folder``;
     returns each linear's integer form as written."""
     if checkpoint_format not in (*FORMATS, "auto"):
@@ -100,7 +101,7 @@ def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, toke
                "true_sequential": true_sequential, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
                "meta": {"quantizer": ["quantlab:0.1.0"]}, **(extra_config or {})}
     folder.mkdir(parents=True, exist_ok=True)
-    write_checkpoint(model, folder, tensors, qconfig, tokenizer)
+    write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
     (folder / "quantize_config.json").write_text(json.dumps(qconfig, indent=2))
     return written
 
@@ -156,7 +157,7 @@ class GPTQExporter(Exporter):
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
-        written = write_gptq(model, linears, folder, tokenizer)
+        written = write_gptq(model, linears, folder, tokenizer, source=source)
         result = ExportResult("gptq", folder, ["model.safetensors", "config.json", "quantize_config.json"])
         for name, q in written.items():
             result.tensors[f"{name}.qweight"] = {"module": name, "type": f"gptq int{q.bits}",
