@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.util
 import math
 import os
 import statistics
@@ -43,6 +42,7 @@ from typing import Any
 
 from quantlab.engine.llama_cpp import INSTALL as LLAMA_CPP_INSTALL
 from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
+from quantlab.engine.llama_cpp import available as llama_cpp_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import KV  # noqa: E402  (benchmarks/decode.py: the KV table's formats)
@@ -78,7 +78,7 @@ def main() -> int:
     p.add_argument("--perplexity-tokens", type=int, default=16384, help="tokens of text scored; 0 skips quality")
     p.add_argument("--window-tokens", type=int, default=512)
     args = p.parse_args()
-    if importlib.util.find_spec("llama_cpp") is None:
+    if not llama_cpp_available():
         print(INSTALL)
         return 0
     import torch
@@ -154,9 +154,8 @@ def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, 
     tokens = args.prompt_tokens + args.new_tokens
     weights = {LLAMA: gguf_tensor_bytes(path)}
     weights.update({name: decode_weight_bytes_read(e.model) for name, (_, e) in engines.items()})
-    values_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (
-        config.hidden_size // config.num_attention_heads)  # K and V, every layer
-    kv_bytes = {LLAMA: int(values_per_token * tokens * LLAMA_CACHE_BYTES_PER_VALUE[args.llama_cache])}
+    values = _kv_format("native").cache_bytes_analytic(config, 1, tokens, torch.float32) // 4  # K and V, every layer
+    kv_bytes = {LLAMA: int(values * LLAMA_CACHE_BYTES_PER_VALUE[args.llama_cache])}
     kv_bytes.update({name: _kv_format(kv).cache_bytes_analytic(config, 1, tokens, torch.bfloat16)
                      for name, (kv, _) in engines.items()})
     rows = {name: row(args, prefill[name], values, weights[name], kv_bytes[name], bandwidth)

@@ -39,7 +39,6 @@ CACHE_TYPES = ("f16", "f32", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")  # 
 def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
     """The child's loop (``python -m quantlab.engine.llama_cpp PATH THREADS CACHE_TYPE N_CTX``)."""
     import llama_cpp
-    import numpy as np
     from llama_cpp import Llama
 
     kv = getattr(llama_cpp, f"GGML_TYPE_{cache_type.upper()}")
@@ -47,47 +46,59 @@ def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) 
     options = dict(n_threads=threads, n_threads_batch=threads, type_k=kv, type_v=kv, verbose=False,
                    flash_attn=cache_type not in ("f16", "f32", "bf16"))
     timing = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, **options)
-    scoring: dict[int, Any] = {}
+    scoring: dict[int, Any] = {}  # one context per window length, keeping every position's logits
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "decode":
-            timing.reset()
-            start = time.perf_counter()
-            timing.eval(cmd["prompt"])
-            prefill_ms = (time.perf_counter() - start) * 1e3
-            steps = []
-            tokens = [_greedy(timing)]
-            for _ in range(cmd["new_tokens"]):
-                start = time.perf_counter()
-                timing.eval(tokens[-1:])
-                steps.append((time.perf_counter() - start) * 1e3)
-                tokens.append(_greedy(timing))
-            print(json.dumps({"prefill_ms": prefill_ms, "steps_ms": steps, "tokens": tokens}), flush=True)
-            continue
-        window = cmd["window"]
-        if window not in scoring:
-            scoring[window] = Llama(model_path=path, n_ctx=window, n_batch=window, n_ubatch=window, logits_all=True,
-                                    **options)
-        llm = scoring[window]
-        total, count, top1, kept = 0.0, 0, [], []
-        for ids in cmd["windows"]:
-            llm.reset()
-            llm.eval(ids)
-            logits = np.asarray(llm.scores[: len(ids) - 1], dtype=np.float64)
-            if cmd["cmd"] == "logits":
-                kept.append(logits.astype(np.float32))
-                continue
-            top = logits.max(axis=1, keepdims=True)
-            logz = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
-            total += float((logz - logits[np.arange(len(ids) - 1), ids[1:]]).sum())
-            count += len(ids) - 1
-            top1.append(logits.argmax(axis=1).tolist())
-        if cmd["cmd"] == "logits":
-            np.save(cmd["path"], np.stack(kept))
-            print(json.dumps({"path": cmd["path"]}), flush=True)
+            reply = _decode(timing, cmd["prompt"], cmd["new_tokens"])
         else:
-            print(json.dumps({"nll_sum": total, "tokens": count, "top1": top1}), flush=True)
+            window = cmd["window"]
+            if window not in scoring:
+                scoring[window] = Llama(model_path=path, n_ctx=window, n_batch=window, n_ubatch=window,
+                                        logits_all=True, **options)
+            reply = _score(scoring[window], cmd["windows"], cmd["path"] if cmd["cmd"] == "logits" else None)
+        print(json.dumps(reply), flush=True)
+
+
+def _decode(llm: Any, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+    """One greedy generation, the prefill and each step timed alone."""
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(prompt)
+    prefill_ms = (time.perf_counter() - start) * 1e3
+    steps, tokens = [], [_greedy(llm)]
+    for _ in range(new_tokens):
+        start = time.perf_counter()
+        llm.eval(tokens[-1:])
+        steps.append((time.perf_counter() - start) * 1e3)
+        tokens.append(_greedy(llm))
+    return {"prefill_ms": prefill_ms, "steps_ms": steps, "tokens": tokens}
+
+
+def _score(llm: Any, windows: list[list[int]], path: str | None) -> dict[str, Any]:
+    """Each window's logits at its scored positions (all but the last token's): saved to ``path`` when given,
+    else reduced to the summed NLL of the next tokens and llama.cpp's top token at each position."""
+    import numpy as np
+
+    total, count, top1, kept = 0.0, 0, [], []
+    for ids in windows:
+        llm.reset()
+        llm.eval(ids)
+        logits = np.asarray(llm.scores[: len(ids) - 1])
+        if path is not None:
+            kept.append(logits.astype(np.float32))
+            continue
+        logits = logits.astype(np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        logz = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+        total += float((logz - logits[np.arange(len(ids) - 1), ids[1:]]).sum())
+        count += len(ids) - 1
+        top1.append(logits.argmax(axis=1).tolist())
+    if path is not None:
+        np.save(path, np.stack(kept))
+        return {"path": path}
+    return {"nll_sum": total, "tokens": count, "top1": top1}
 
 
 def _greedy(llm: Any) -> int:

@@ -10,6 +10,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from quantlab.engine.llama_cpp import LlamaCppProcess  # noqa: E402
 from quantlab.eval.tokens import tokenize  # noqa: E402
 from quantlab.paths import BUNDLED_DIR  # noqa: E402
 from quantlab.quant.format import Calibration, build_format  # noqa: E402
+from tests.quant.io.test_gguf_metadata import gguf_fields, model_folder, real_model_folder  # noqa: E402
 
 pytestmark = pytest.mark.llama_cpp
 
@@ -93,16 +95,6 @@ def test_llama_cpp_tokenizes_as_the_tokenizer_the_export_was_written_from(tmp_pa
     llm.close()
 
 
-def _from_config(model: torch.nn.Module, folder: Path) -> Path:
-    import shutil
-
-    folder.mkdir()
-    model.config.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TINY / name, folder / name)
-    return folder
-
-
 @pytest.mark.parametrize("arch", ["gpt2", "gemma3", "qwen2"])
 def test_llama_cpp_runs_an_export_whose_metadata_came_from_a_config(arch: str, tmp_path: Path) -> None:
     """Random-weight GPT-2, Gemma 3 (one full-attention layer in six, sliding window 64) and Qwen 2 (q/k/v
@@ -125,7 +117,7 @@ def test_llama_cpp_runs_an_export_whose_metadata_came_from_a_config(arch: str, t
                 p.add_(torch.randn_like(p) * 0.2)
         model.get_output_embeddings().weight.mul_(8)  # peaked next-token distributions: top-1 is not a tie
     quantize_(model, build_format(Q4_0))
-    export_(model, "gguf", tmp_path / "out", source=_from_config(model, tmp_path / "src"))
+    export_(model, "gguf", tmp_path / "out", source=model_folder(model, tmp_path / "src"))
     ours, theirs, top1, _ = _agreement(model, tmp_path / "out" / "model.gguf",
                                        _windows(AutoTokenizer.from_pretrained(TINY), 2048))
     assert abs(theirs / ours - 1) <= 0.005, (ours, theirs)
@@ -170,7 +162,6 @@ def test_a_real_model_exported_from_its_config_folder_runs_in_llama_cpp(package:
     products do not round activations to 8 bits), scores the export to quantlab's perplexity within 0.1%."""
     from llama_cpp import Llama
 
-    from tests.quant.io.test_gguf_metadata import real_model_folder
 
     loaded, folder, _ = real_model_folder(package, gguf_file, tmp_path / "src")
     quantize_(loaded.model, build_format({"format": "fp32"}))
@@ -214,14 +205,14 @@ def test_llama_cpp_splits_text_as_each_byte_level_pre_tokenizer_written_from_a_f
 
     folder = tmp_path / "src"
     model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
-    _from_config(model, folder)
+    model_folder(model, folder)
     spec = json.loads((folder / "tokenizer.json").read_text())
     spec["pre_tokenizer"] = PRE_TOKENIZERS[pre]
     spec["model"]["ignore_merges"] = pre == "llama-bpe"  # as Llama 3's tokenizer.json and llama.cpp's llama-bpe
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     quantize_(model, build_format(Q8_0))
     export_(model, "gguf", tmp_path / "out", source=folder)
-    assert gguf_field(tmp_path / "out" / "model.gguf", "tokenizer.ggml.pre") == pre
+    assert gguf_fields(tmp_path / "out" / "model.gguf")["tokenizer.ggml.pre"] == pre
     text = load_text("bundled-heldout").text[:6000] + " 1234567 x=42;\t\n\n  y"
     llm = Llama(str(tmp_path / "out" / "model.gguf"), vocab_only=True, verbose=False)
     theirs = llm.tokenize(text.encode(), add_bos=False, special=False)
@@ -229,14 +220,9 @@ def test_llama_cpp_splits_text_as_each_byte_level_pre_tokenizer_written_from_a_f
     assert theirs == AutoTokenizer.from_pretrained(folder)(text, add_special_tokens=False).input_ids
 
 
-def gguf_field(path: Path, name: str):
-    import gguf
-
-    return gguf.GGUFReader(str(path)).fields[name].contents()
-
-
 def test_llama_cpp_s_timed_decode_is_greedy_on_its_own_logits(tmp_path: Path) -> None:
-    """The decode command's tokens are llama.cpp's argmax at each position, as its scored logits give them."""
+    """The decode command's tokens are llama.cpp's argmax at each position, as its scored logits give them; the
+    logits command saves those positions' logits whole."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
@@ -247,5 +233,9 @@ def test_llama_cpp_s_timed_decode_is_greedy_on_its_own_logits(tmp_path: Path) ->
         got = llama.ask(cmd="decode", prompt=prompt, new_tokens=6)
         window = prompt + got["tokens"][:-1]
         scored = llama.ask(cmd="nll", windows=[window], window=len(window))
+        saved = llama.ask(cmd="logits", windows=[window], window=len(window), path=str(tmp_path / "logits.npy"))
     assert len(got["steps_ms"]) == 6 and len(got["tokens"]) == 7
     assert scored["top1"][0][len(prompt) - 1:] == got["tokens"][:-1]
+    logits = np.load(saved["path"])
+    assert logits.shape == (1, len(window) - 1, model.config.vocab_size)
+    assert logits[0].argmax(-1).tolist() == scored["top1"][0]

@@ -79,8 +79,9 @@ class AffineFormat(QuantizedWeightFormat):
         targets = tuple(t for t, ok in own.items() if ok)
         if not self.overrides:
             return targets
-        # A mix: GPTQ's and AWQ's layouts have one setting for all layers; the others are per module.
-        return tuple(t for t in targets if t not in ("gptq", "awq") and all(t in o.format.exports for o in self.overrides))
+        from ..io.export import per_module_targets  # a mix goes where each module keeps its own setting
+
+        return tuple(t for t in per_module_targets(targets) if all(t in o.format.exports for o in self.overrides))
 
     @property
     def stores_group_index(self) -> bool:

@@ -45,13 +45,14 @@ def awq_refusal(q: Any) -> str | None:
                     "4-bit integer codes in groups that divide the input")
 class AWQExporter(Exporter):
     name = "awq"
+    one_setting = True
 
     def refusal(self, module: LinearWeight) -> str | None:
         return awq_refusal(module.stored)
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
-        result = ExportResult("awq", folder, ["model.safetensors", "config.json", "quant_config.json"])
+        result = ExportResult("awq", folder, [])
         integers = {lw.name: integer_form(lw.stored) for lw in linears}
         groups = {q.group_size for q in integers.values()}
         if len(groups) != 1:
@@ -70,7 +71,7 @@ class AWQExporter(Exporter):
         tensors.update(other_tensors(model, linears))
         qconfig = {"quant_method": "awq", "bits": 4, "group_size": groups.pop(), "zero_point": True,
                    "version": "gemm", "modules_to_not_convert": None}
-        write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
+        result.files = [*write_checkpoint(model, folder, tensors, qconfig, tokenizer, source), "quant_config.json"]
         (folder / "quant_config.json").write_text(json.dumps({"w_bit": 4, "q_group_size": qconfig["group_size"],
                                                               "zero_point": True, "version": "GEMM"}, indent=2))
         return result

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
+from ..linear import linear_types
 from ..tensors.base import WeightTensor
 from ..tensors.float8 import Float8Tensor
 from .export import (
@@ -40,9 +41,8 @@ def scheme(q: WeightTensor) -> dict[str, Any] | str:
     if isinstance(q, Float8Tensor):
         if q.data.dtype != torch.float8_e4m3fn:
             return "float8 e5m2 values: compressed-tensors' float-quantized weights are e4m3"
-        per_tensor = q.scales.numel() == 1 and q.shape[0] > 1
         return {"format": "float-quantized", "weights": {
-            "num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor" if per_tensor else "channel",
+            "num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor" if _per_tensor(q) else "channel",
             "group_size": None, "dynamic": False, "actorder": None, "observer": "minmax"}}
     integer = integer_form(q)
     if integer is None:
@@ -57,14 +57,17 @@ def scheme(q: WeightTensor) -> dict[str, Any] | str:
         "dynamic": False, "actorder": None, "observer": "minmax"}}
 
 
+def _per_tensor(q: Float8Tensor) -> bool:
+    return q.scales.numel() == 1 and q.shape[0] > 1
+
+
 def module_tensors(lw: LinearWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The module's compressed tensors by their compressed-tensors names (scales in the model's ``dtype``)."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     q = lw.stored
     if isinstance(q, Float8Tensor):
-        per_tensor = q.scales.numel() == 1 and q.shape[0] > 1
-        return {"weight": q.data.cpu(), "weight_scale": q.scales.float().reshape(1 if per_tensor else -1, 1).cpu()}
+        return {"weight": q.data.cpu(), "weight_scale": q.scales.float().reshape(1 if _per_tensor(q) else -1, 1).cpu()}
     integer = integer_form(q)
     offset = 1 << (integer.bits - 1)
     codes = (integer.codes().to(torch.int16) - offset).to(torch.int8).cpu()
@@ -103,7 +106,7 @@ class CompressedTensorsExporter(Exporter):
         import compressed_tensors
 
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        result = ExportResult("compressed-tensors", folder, ["model.safetensors", "config.json"])
+        result = ExportResult("compressed-tensors", folder, [])
         tensors: dict[str, torch.Tensor] = {}
         groups: dict[str, dict[str, Any]] = {}
         for lw in linears:
@@ -117,7 +120,7 @@ class CompressedTensorsExporter(Exporter):
                                        "max_abs_deviation": scale_deviation(lw.stored, dtype)}
         tensors.update(other_tensors(model, linears))
         quantized = {lw.name for lw in linears}
-        ignore = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in quantized]
+        ignore = [name for name, m in model.named_modules() if isinstance(m, linear_types()) and name not in quantized]
         formats = sorted({g["format"] for g in groups.values()})
         config_groups = {f"group_{i}": {"targets": g["targets"], "weights": g["weights"], "input_activations": None,
                                         "output_activations": None, "format": g["format"]}
@@ -125,7 +128,5 @@ class CompressedTensorsExporter(Exporter):
         qconfig = {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
                    "kv_cache_scheme": None, "version": compressed_tensors.__version__}
-        write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
-        if tokenizer is not None:
-            result.files.append("tokenizer.json")
+        result.files = write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
         return result

@@ -62,6 +62,7 @@ class Exporter:
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    one_setting: ClassVar[bool] = False  # the layout holds one quantization setting for every layer (no mixes)
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
@@ -79,6 +80,11 @@ class Exporter:
 
 
 EXPORTERS: Registry[Exporter] = Registry("export target")
+
+
+def per_module_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``targets`` whose layout gives each module its own setting, so a per-module mix can be written."""
+    return tuple(t for t in targets if not EXPORTERS[t].cls.one_setting)
 
 
 def quantized_linears(model: nn.Module) -> list[LinearWeight]:
@@ -167,24 +173,27 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Tensor], qconfig: dict[str, Any],
-                     tokenizer: Any | None, source: Path | None = None) -> None:
+                     tokenizer: Any | None, source: Path | None = None) -> list[str]:
     """A transformers checkpoint folder: ``model.safetensors``, ``config.json`` carrying ``qconfig`` as its
     ``quantization_config``, and the tokenizer: the loaded one, else the source folder's tokenizer files
-    (GPTQModel loads a folder only with its tokenizer)."""
+    (GPTQModel loads a folder only with its tokenizer). Returns the names of the files written."""
     from safetensors.torch import save_file
 
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = model.config.to_dict()
     config["quantization_config"] = qconfig
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    files = ["model.safetensors", "config.json"]
     if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
+        files += [Path(f).name for f in tokenizer.save_pretrained(folder)]
     elif source is not None and source.is_dir():
         import shutil
 
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy(source / name, folder / name)
+                files.append(name)
+    return files
 
 
 def weights_digest(model: nn.Module) -> str | None:

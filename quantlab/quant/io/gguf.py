@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
+from ..linear import linear_types, linear_weight
 from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
@@ -168,7 +169,7 @@ class GGUFExporter(Exporter):
         result = ExportResult("gguf", folder, [GGUF_FILE])
         counts: dict[str, int] = {}
         dense = other_tensors(model, linears)
-        transposed = _conv1d_names(model)
+        linear_like = {name: m for name, m in model.named_modules() if isinstance(m, linear_types())}
         tensors: list[tuple[str, np.ndarray, str, dict[str, Any]]] = []
         for lw in linears:
             name = lw.name
@@ -185,8 +186,8 @@ class GGUFExporter(Exporter):
         for key, t in dense.items():
             t = t.detach().cpu()
             stem = key.rsplit(".", 1)[0]
-            if stem in transposed and key.endswith(".weight"):
-                t = t.T.contiguous()  # GPT-2's Conv1D holds [in, out]; GGUF holds [out, in]
+            if stem in linear_like and key.endswith(".weight"):
+                t = linear_weight(linear_like[stem]).detach().cpu().contiguous()  # GPT-2's Conv1D holds [in, out]
             if arch in PERMUTES_QK and (rows := qk_rows(stem, config, t.shape[0])) is not None:
                 t = t[rows]
             if t.dim() == 1 or "norm" in key:
@@ -276,9 +277,3 @@ def _tokenizer_folder(source: Path | None, tokenizer: Any | None) -> Iterator[Pa
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         yield Path(tmp)
-
-
-def _conv1d_names(model: nn.Module) -> set[str]:
-    from transformers.pytorch_utils import Conv1D
-
-    return {name for name, m in model.named_modules() if isinstance(m, Conv1D)}

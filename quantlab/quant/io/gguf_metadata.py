@@ -129,9 +129,16 @@ def tokenizer_from_folder(writer: Any, folder: Path | None) -> None:
     spec = json.loads((folder / "tokenizer.json").read_text())
     model = spec.get("model") or {}
     if model.get("type") == "BPE" and model.get("byte_fallback"):
-        _sentencepiece_bpe(writer, spec)
-        gguf.SpecialVocab(folder, load_merges=False, n_vocab=_vocab_size(spec)).add_to_gguf(writer)
-        return
+        n_vocab, merges = _sentencepiece_bpe(writer, spec), False
+    else:
+        n_vocab, merges = _byte_level_bpe(writer, spec, folder), True
+    gguf.SpecialVocab(folder, load_merges=merges, n_vocab=n_vocab).add_to_gguf(writer)
+
+
+def _byte_level_bpe(writer: Any, spec: dict[str, Any], folder: Path) -> int:
+    """llama.cpp's ``gpt2`` tokenizer (byte-level BPE, merges apart) with its pre-tokenizer's name; the vocab size."""
+    import gguf
+
     try:
         vocab = gguf.BpeVocab(folder)
     except FileNotFoundError:
@@ -145,8 +152,7 @@ def tokenizer_from_folder(writer: Any, folder: Path | None) -> None:
     writer.add_tokenizer_pre(pre_tokenizer(spec.get("pre_tokenizer") or {}, folder / "tokenizer.json"))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
-
+    return len(tokens)
 
 BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -177,9 +183,10 @@ def _vocab_size(spec: dict[str, Any]) -> int:
     return max(ids) + 1
 
 
-def _sentencepiece_bpe(writer: Any, spec: dict[str, Any]) -> None:
+def _sentencepiece_bpe(writer: Any, spec: dict[str, Any]) -> int:
     """llama.cpp's ``llama`` (SentencePiece) tokenizer: merges follow piece scores, which SentencePiece gives
-    as minus the piece's rank among the normal pieces; byte pieces score 0, control and user-defined −1000."""
+    as minus the piece's rank among the normal pieces; byte pieces score 0, control and user-defined −1000.
+    Returns the vocab size."""
     import gguf
 
     n = _vocab_size(spec)
@@ -206,3 +213,4 @@ def _sentencepiece_bpe(writer: Any, spec: dict[str, Any]) -> None:
     writer.add_token_types(types)
     writer.add_add_space_prefix('"Prepend"' in normalizer or '"prepend_scheme": "always"' in normalizer
                                 or '"prepend_scheme": "first"' in normalizer)
+    return n

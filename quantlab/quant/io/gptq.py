@@ -73,9 +73,9 @@ def save_gptq(
 
 def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
                checkpoint_format: str = "auto", extra_config: dict[str, Any] | None = None,
-               source: Path | None = None) -> dict[str, QuantizedTensor]:
+               source: Path | None = None) -> tuple[dict[str, QuantizedTensor], list[str]]:
     """The GPTQ checkpoint of ``model`` from its ``linears`` (none refused by ``gptq_refusal``) into ``folder``;
-    returns each linear's integer form as written."""
+    returns each linear's integer form as written, and the files written."""
     if checkpoint_format not in (*FORMATS, "auto"):
         raise UnsupportedError(f"checkpoint_format must be auto or one of {FORMATS}, got {checkpoint_format!r}")
     if not linears:
@@ -101,9 +101,9 @@ def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, toke
                "true_sequential": true_sequential, "checkpoint_format": checkpoint_format, "quant_method": "gptq",
                "meta": {"quantizer": ["quantlab:0.1.0"]}, **(extra_config or {})}
     folder.mkdir(parents=True, exist_ok=True)
-    write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
+    files = write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
     (folder / "quantize_config.json").write_text(json.dumps(qconfig, indent=2))
-    return written
+    return written, [*files, "quantize_config.json"]
 
 
 def load_gptq(
@@ -151,14 +151,15 @@ def load_gptq(
                     "from integer codes of 2, 4 or 8 bits with one setting for every layer")
 class GPTQExporter(Exporter):
     name = "gptq"
+    one_setting = True
 
     def refusal(self, module: LinearWeight) -> str | None:
         return gptq_refusal(module.stored)
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
-        written = write_gptq(model, linears, folder, tokenizer, source=source)
-        result = ExportResult("gptq", folder, ["model.safetensors", "config.json", "quantize_config.json"])
+        written, files = write_gptq(model, linears, folder, tokenizer, source=source)
+        result = ExportResult("gptq", folder, files)
         for name, q in written.items():
             result.tensors[f"{name}.qweight"] = {"module": name, "type": f"gptq int{q.bits}",
                                                  "max_abs_deviation": scale_cast_deviation(q, torch.float16)}

@@ -117,9 +117,11 @@ class MixedFormat(WeightFormat):
 
     @property
     def exports(self) -> tuple[str, ...]:
-        """The per-module targets every candidate writes to (GPTQ's and AWQ's folders have one setting)."""
-        common = [t for t in self.candidates[0].exports if all(t in c.exports for c in self.candidates)]
-        return tuple(t for t in common if t not in ("gptq", "awq"))
+        """The per-module targets every candidate writes to."""
+        from ..io.export import per_module_targets
+
+        return per_module_targets(tuple(t for t in self.candidates[0].exports
+                                        if all(t in c.exports for c in self.candidates)))
 
     @property
     def budget_label(self) -> str:

@@ -19,7 +19,7 @@ IDS = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(1
 TEXT = "def f(x):\n    return  x + 1  # done\n\n"
 
 
-def _folder(model: torch.nn.Module, path: Path) -> Path:
+def model_folder(model: torch.nn.Module, path: Path) -> Path:
     """A model folder as a user has one: config.json and the bundled tokenizer, no weights needed here."""
     path.mkdir(parents=True)
     model.config.save_pretrained(path)
@@ -58,7 +58,7 @@ def _gemma3(**overrides) -> torch.nn.Module:
     return model
 
 
-def _fields(path: Path) -> dict:
+def gguf_fields(path: Path) -> dict:
     reader = gguf.GGUFReader(str(path))
     return {f.name: f.contents() for f in reader.fields.values() if not f.name.startswith("tokenizer.ggml.t")}
 
@@ -70,12 +70,12 @@ def test_gpt2_exports_from_its_config_with_conv1d_weights_transposed(tmp_path: P
     model = _gpt2()
     fmt = WEIGHT_FORMATS["int4"].build(group_size=32, symmetric=True, exclude=["*.mlp.c_proj"])
     quantize_(model, fmt)
-    source = _folder(model, tmp_path / "src")
+    source = model_folder(model, tmp_path / "src")
     result = export_(model, "gguf", tmp_path / "out", source=source)
     assert result.max_abs_deviation == 0.0
     types = {name: t["type"] for name, t in result.tensors.items()}
     assert types["blk.0.attn_qkv.weight"] == "Q4_0" and types["blk.0.ffn_down.weight"] == "F32"
-    fields = _fields(tmp_path / "out" / "model.gguf")
+    fields = gguf_fields(tmp_path / "out" / "model.gguf")
     assert fields["general.architecture"] == "gpt2"
     assert (fields["gpt2.block_count"], fields["gpt2.embedding_length"], fields["gpt2.feed_forward_length"],
             fields["gpt2.attention.head_count"], fields["gpt2.context_length"]) == (2, 64, 256, 4, 1024)
@@ -91,8 +91,8 @@ def test_gemma3_exports_from_its_config_as_llama_cpp_reads_it(tmp_path: Path) ->
 
     model = _gemma3()
     quantize_(model, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
-    export_(model, "gguf", tmp_path / "out", source=_folder(model, tmp_path / "src"))
-    fields = _fields(tmp_path / "out" / "model.gguf")
+    export_(model, "gguf", tmp_path / "out", source=model_folder(model, tmp_path / "src"))
+    fields = gguf_fields(tmp_path / "out" / "model.gguf")
     expected = {"block_count": 6, "embedding_length": 64, "feed_forward_length": 128, "attention.head_count": 2,
                 "attention.head_count_kv": 1, "attention.key_length": 256, "attention.value_length": 256,
                 "attention.sliding_window": 8, "context_length": 256, "rope.freq_base": 1_000_000.0}
@@ -112,7 +112,7 @@ def test_gemma3_settings_llama_cpp_fixes_otherwise_are_refused(override: dict, w
     model = _gemma3(**override)
     quantize_(model, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
     with pytest.raises(UnsupportedError, match=why):
-        export_(model, "gguf", tmp_path / "out", source=_folder(model, tmp_path / "src"))
+        export_(model, "gguf", tmp_path / "out", source=model_folder(model, tmp_path / "src"))
 
 
 def test_gpt2_exact_gelu_is_refused(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_gpt2_exact_gelu_is_refused(tmp_path: Path) -> None:
     model.config.activation_function = "gelu"
     quantize_(model, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
     with pytest.raises(UnsupportedError, match="activation_function 'gelu'"):
-        export_(model, "gguf", tmp_path / "out", source=_folder(model, tmp_path / "src"))
+        export_(model, "gguf", tmp_path / "out", source=model_folder(model, tmp_path / "src"))
 
 
 def test_a_loaded_tokenizer_is_written_when_the_source_folder_has_none(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_metadata_from_a_real_config_is_what_llama_cpp_s_converter_wrote(package
     quantize_(loaded.model, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
     result = export_(loaded.model, "gguf", tmp_path / "out", source=folder)
     assert any("from the model's config" in n for n in result.notes)
-    theirs, ours = _fields(shipped), _fields(tmp_path / "out" / "model.gguf")
+    theirs, ours = gguf_fields(shipped), gguf_fields(tmp_path / "out" / "model.gguf")
     arch = theirs["general.architecture"]
     keys = [k for k in theirs if k.startswith(f"{arch}.")]
     assert len(keys) >= 9 and {k: ours.get(k) for k in keys} == {k: theirs[k] for k in keys}
@@ -184,7 +184,7 @@ def test_a_pre_tokenizer_llama_cpp_has_no_name_for_is_refused(tmp_path: Path) ->
 
     model = _gpt2()
     quantize_(model, WEIGHT_FORMATS["int8"].build(group_size=32, symmetric=True))
-    source = _folder(model, tmp_path / "src")
+    source = model_folder(model, tmp_path / "src")
     spec = json.loads((source / "tokenizer.json").read_text())
     spec["pre_tokenizer"] = {"type": "Whitespace"}
     (source / "tokenizer.json").write_text(json.dumps(spec))
