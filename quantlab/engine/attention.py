@@ -5,9 +5,10 @@ name. A decode step (at most ``DECODE_ROWS`` query rows) multiplies each key/val
 at once: the keys and values are read once per step instead of once per query head, and nothing is copied
 (``repeat_kv`` and SDPA's CPU kernel, whose setup cost grows with the cached positions, are both avoided; at
 2,048 positions the eager engine's step fell from 43 to 19 ms on SmolLM2-135M). ``quantlab-fused`` (for a cache
-whose keys and values are computed from codes) writes the products under ``torch.compile`` as broadcast
-multiply-and-sum, so inductor fuses the dequantization into the attention's loops: the stored codes are read in
-place of a rebuilt full-precision history. Longer inputs (a prefill) go to SDPA, causal where transformers skips the
+whose keys and values are computed from codes) lets a static layer that reads its own codes attend for a decode
+row (``kv/code_attention.py``: the stored bytes read once in C; the forward passes its cache as
+``quantlab_cache``), and otherwise writes the products under ``torch.compile`` as broadcast multiply-and-sum, so
+inductor fuses the dequantization into the attention's loops. Longer inputs (a prefill) go to SDPA, causal where transformers skips the
 mask, which is 3x faster than the plain matmuls at 2,048 tokens.
 """
 from __future__ import annotations
@@ -17,6 +18,16 @@ import torch
 NAME = "quantlab"
 FUSED_NAME = "quantlab-fused"  # decode rows as multiply-and-sum when compiled: for keys a cache computes
 DECODE_ROWS = 16
+CACHE_KWARG = "quantlab_cache"  # the forward's cache, passed down to the attention: layers that read their codes
+
+
+def _code_layer(module: torch.nn.Module, kwargs: dict[str, object]) -> object | None:
+    """The cache layer of ``module`` when it attends over its stored codes itself (``kv/code_attention.py``)."""
+    cache, index = kwargs.get(CACHE_KWARG), getattr(module, "layer_idx", None)
+    if cache is None or index is None:
+        return None
+    layer = cache.layers[index]  # type: ignore[attr-defined]
+    return layer if getattr(layer, "reads_codes", False) else None
 
 
 def _scores_fused(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -39,6 +50,11 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    layer = _code_layer(module, kwargs) if fuse and q == 1 else None
+    if layer is not None:
+        from ..kv.code_attention import attend
+
+        return attend(layer, query, attention_mask, scaling if scaling is not None else d ** -0.5, softcap), None
     g = hq // hkv
     grouped = query.reshape(b, hkv, g, q, d)
     fused = fuse and torch.compiler.is_compiling()

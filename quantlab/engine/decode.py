@@ -20,6 +20,7 @@ from torch import nn
 from ..errors import UnsupportedError
 from ..kv import KVFormat
 from ..kv.hf_compat import cache_kwarg
+from .attention import CACHE_KWARG
 from .compiled import (
     ATTENTION,
     FUSED_ATTENTION,
@@ -83,6 +84,9 @@ class Generation:
         self.max_cache_len = max_cache_len
         self.cache = kv.make_cache(model.config, max_cache_len)
         self.arg = cache_kwarg(model)
+        # the cache again, for the attention of layers that read their stored codes (engine/attention.py)
+        self.extra = {CACHE_KWARG: self.cache} if any(hasattr(layer, "reads_codes") for layer in
+                                                      getattr(self.cache, "layers", ())) else {}
         self.position = 0
         self.token: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None  # the last position's logits of the latest forward
@@ -90,7 +94,8 @@ class Generation:
     @torch.inference_mode()
     def _next(self, forward: Callable[..., Any], ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(self.position, self.position + ids.shape[1], device=ids.device)
-        logits = forward(input_ids=ids, use_cache=True, cache_position=positions, **{self.arg: self.cache}).logits
+        logits = forward(input_ids=ids, use_cache=True, cache_position=positions, **{self.arg: self.cache},
+                         **self.extra).logits
         self.position += ids.shape[1]
         self.logits = logits[:, -1]
         return self.logits.argmax(-1, keepdim=True)

@@ -5,9 +5,11 @@ Each layer preallocates, for the generation's ``max_cache_len`` positions, a sto
 scales) and a full-precision ring of the most recent positions (the residual window, plus a channel-axis block
 still filling). A decode step writes inside the graph: the position leaving the residual is quantized from the
 ring into the store, the new one enters the ring. The keys and values it returns are an expression over the
-store and the ring (positions read from codes where stored, from the ring where recent); under
-``torch.compile`` the engine's attention (``engine/attention.py``) fuses that dequantization into its products,
-so a step reads the stored codes, not a rebuilt full-precision history.
+store and the ring (positions read from codes where stored, from the ring where recent), for attentions that
+take keys and values. The engine's attention (``engine/attention.py``) reads a global layer's stores itself for a
+decode row (``code_attention.attend``: scores and weighted values computed in C from the stored codes, so the
+expression is never evaluated in a compiled step); a sliding layer's, or a per-channel key store, through that
+expression, which inductor fuses into the attention's products.
 
 Stored positions and their codes are those of the dynamic layers (``packed.py``): the same rows quantized the
 same way and moved at the same step, so a compiled step's logits match the eager model's with that format.
@@ -247,6 +249,13 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
     def capacity(self) -> tuple[int, int]:
         """(ring positions, stored positions) this layer preallocates."""
         return global_capacity(self.max_cache_len, self.residual_tokens, self.block)
+
+    @property
+    def reads_codes(self) -> bool:
+        """Whether a decode row attends over this layer's stores directly (``code_attention.attend``)."""
+        from .code_attention import reads_codes
+
+        return self.is_initialized and reads_codes(self.key_store) and reads_codes(self.value_store)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self._allocate(key_states, value_states, *self.capacity())

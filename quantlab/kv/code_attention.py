@@ -1,0 +1,153 @@
+"""Decode attention read from a static quantized cache's stored codes (``native/kv_attention.c``).
+
+A global static layer (``static.StaticPackedLayer``) keeps the oldest positions as codes in its stores and the
+recent ones in a full-precision ring. For a decode row, ``attend`` computes the scores over the stored rows and
+the weighted sum of the stored values in C, each row decoded once into scratch (the stored bytes are what a step
+reads, as llama.cpp's quantized cache is read), and only the stored positions up to the layer's length: no
+dequantized history is built. The ring's few positions go through ordinary products; the softmax joins both.
+Both C functions are registered torch ops with fake implementations, so the path runs inside the compiled step.
+
+Layouts read: packed integers per position (token axis, any width 2-8, groups along the head dimension) and
+float casts (float32, float16, bfloat16, float8 e4m3 with its per-position scale). A per-channel key store
+(KIVI) is not one of them: ``reads_codes`` says so, and such a layer keeps the fused expression path.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..quant.kernels import native
+
+if TYPE_CHECKING:
+    from .static import CodeStore, StaticPackedLayer
+
+INT, CAST_F32, CAST_F16, CAST_BF16, CAST_E4M3 = range(5)
+CASTS = {torch.float32: CAST_F32, torch.float16: CAST_F16, torch.bfloat16: CAST_BF16}
+MAX_HEAD_DIM = 512  # the kernel's scratch row
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = native.load("kv_attention")
+    i, p = ctypes.c_int, ctypes.c_void_p
+    for f in (lib.kv_scores, lib.kv_values):
+        f.argtypes = [i, i, i, i, i, i, p, p, p, i, i, p, p, i, p]
+        f.restype = None
+    return lib
+
+
+def _kind(codec_bits: int | None, dtype: torch.dtype | None) -> int | None:
+    if codec_bits is not None:
+        return INT
+    if dtype == getattr(torch, "float8_e4m3fn", None):
+        return CAST_E4M3
+    return CASTS.get(dtype)  # type: ignore[arg-type]
+
+
+def reads_codes(store: "CodeStore | None") -> bool:
+    """Whether the kernel reads ``store``'s layout (token-axis integers or a float cast)."""
+    if store is None:
+        return True
+    codec = store.codec
+    kind = _kind(codec.bits, codec.dtype)
+    return kind is not None and (codec.bits is None or codec.axis == "token") and store.shape[2] <= MAX_HEAD_DIM
+
+
+def _call(name: str, kind: int, bits: int, group: int, data: torch.Tensor, scales: torch.Tensor | None,
+          zeros: torch.Tensor | None, n_valid: torch.Tensor, x: torch.Tensor, d: int, out: torch.Tensor) -> None:
+    bh, s = data.shape[0] * data.shape[1], data.shape[2]
+    row_bytes = data.shape[-1] * data.element_size()
+    zero_bytes = zeros.shape[-1] if zeros is not None else 0
+    getattr(_library(), name)(kind, bits, d, group, row_bytes, zero_bytes, data.data_ptr(),
+                              None if scales is None else scales.data_ptr(), None if zeros is None else zeros.data_ptr(),
+                              bh, s, n_valid.data_ptr(), x.data_ptr(), x.shape[1], out.data_ptr())
+
+
+def kv_scores(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
+              zeros: torch.Tensor | None, n_valid: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``q [BH, G, d]`` float32 against stored rows ``[b, h, S, ·]``: ``[BH, G, S]`` (0 from slot ``n_valid``)."""
+    q = q.contiguous()
+    out = torch.empty(q.shape[0], q.shape[1], data.shape[2], dtype=torch.float32)
+    _call("kv_scores", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), q, d, out)
+    return out
+
+
+def kv_values(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
+              zeros: torch.Tensor | None, n_valid: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Weights ``p [BH, G, S]`` float32 over stored value rows: ``[BH, G, d]`` (slots below ``n_valid``)."""
+    p = p.contiguous()
+    out = torch.empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
+    _call("kv_values", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), p, d, out)
+    return out
+
+
+scores_op = torch.library.custom_op("quantlab::kv_scores", kv_scores, mutates_args=())
+values_op = torch.library.custom_op("quantlab::kv_values", kv_values, mutates_args=())
+
+
+@scores_op.register_fake
+def _(kind, bits, group, d, data, scales, zeros, n_valid, q):
+    return q.new_empty(q.shape[0], q.shape[1], data.shape[2], dtype=torch.float32)
+
+
+@values_op.register_fake
+def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
+    return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
+
+
+def _store_args(store: "CodeStore") -> tuple[int, int, int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    codec, t, d = store.codec, store.tensors, store.shape[2]
+    kind = _kind(codec.bits, codec.dtype)
+    assert kind is not None
+    if kind == INT:
+        return kind, codec.bits, store._group() or d, d, t["packed"], t["scales"], t["zeros"]  # type: ignore[return-value]
+    return kind, 0, d, d, t["data"], t.get("scale"), None
+
+
+def attend(layer: "StaticPackedLayer", query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
+           softcap: float | None = None) -> torch.Tensor:
+    """One decode row per query head (``query [b, hq, 1, d]``) over ``layer`` after its update: ``[b, 1, hq, dv]``.
+    ``attention_mask``: transformers' mask over the layer's ``max_cache_len`` positions (boolean or additive)."""
+    b, hq, _, d = query.shape
+    hkv, slots, ring = layer.num_heads, layer.slots, layer.ring_len
+    g = hq // hkv
+    q = query.reshape(b * hkv, g, d).float()
+    length = layer.cumulative_length
+    end = layer._stored_end(length)
+    end = end if isinstance(end, torch.Tensor) else torch.tensor(end)
+    parts, positions, valid = [], [], []
+    if slots:
+        parts.append(scores_op(*_store_args(layer.key_store), end, q))
+        stored = torch.arange(slots, device=query.device)
+        positions.append(stored)
+        valid.append(stored < end)
+    if ring:
+        ring_slot = torch.arange(ring, device=query.device)
+        ring_position = end + (ring_slot - end) % ring  # the position each ring slot holds
+        keys = layer.keys.reshape(b * hkv, ring, d).float()
+        parts.append(torch.matmul(q, keys.transpose(1, 2)))
+        positions.append(ring_position)
+        valid.append(ring_position < length)
+    scores = torch.cat(parts, -1).view(b, hkv, g, -1) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    visible = torch.cat(valid).view(1, 1, 1, -1)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, :]  # [b, 1, 1, positions]
+        index = torch.cat(positions).clamp(max=mask.shape[-1] - 1)
+        mask = mask[..., index]
+        if mask.dtype == torch.bool:
+            visible = visible & mask
+        else:
+            scores = scores + mask.float()
+    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).view(b * hkv, g, -1)
+    dv = layer.v_head_dim
+    out = torch.zeros(b * hkv, g, dv, dtype=torch.float32, device=query.device)
+    if slots:
+        out = out + values_op(*_store_args(layer.value_store), end, probs[..., :slots])
+    if ring:
+        out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())
+    return out.view(b, hq, 1, dv).transpose(1, 2).to(query.dtype).contiguous()

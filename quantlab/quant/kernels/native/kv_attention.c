@@ -1,0 +1,279 @@
+/* Decode attention over a quantized KV cache's stored codes (quantlab.kv.code_attention).
+
+   A static cache layer stores each position's keys and values per head as one row of codes: packed integers
+   with float16 scales and packed zero points per group of channels (kind INT: value = (code - zero) * scale,
+   codes little-endian at bit i * bits of the row), or a float cast (kinds F32, F16, BF16, E4M3 with a
+   float16 scale per row). The stores are [BH, S, ·] (BH = batch x key/value heads, S = slots). For one query
+   row per head of a group, these compute
+
+     kv_scores:  out[bh, g, s]  = q[bh, g, :] . key[bh, s, :]                (s < n_valid, else 0)
+     kv_values:  out[bh, g, :]  = sum over s < n_valid of p[bh, g, s] * value[bh, s, :]
+
+   decoding each row once into registers-sized scratch and never writing a dequantized history. Work is split
+   into chunks of CHUNK slots per head; kv_values reduces the chunks' partial sums in a fixed order, so its
+   result does not depend on the thread count. Compiled at first use with the machine's C compiler. */
+#include "common.h"
+#include <stdlib.h>
+
+enum { INT = 0, CAST_F32 = 1, CAST_F16 = 2, CAST_BF16 = 3, CAST_E4M3 = 4 };
+#define CHUNK 256
+#define MAX_D 512
+
+static inline float half_to_float(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 31) u = sign | 0x7F800000 | (m << 13);
+    else if (e) u = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = sign;
+    else { float f = m / 16777216.0f; memcpy(&u, &f, 4); u |= sign; }
+    float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+
+static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+static inline float e4m3_to_float(uint8_t b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v = e ? (1.0f + m / 8.0f) * (float)(1u << e) / 128.0f : m / 8.0f / 64.0f;
+    return b & 0x80 ? -v : v;
+}
+
+static inline int code_at(const uint8_t* row, int i, int bits) {
+    if (bits == 8) return row[i];
+    if (bits == 4) return (row[i >> 1] >> ((i & 1) * 4)) & 15;
+    if (bits == 2) return (row[i >> 2] >> ((i & 3) * 2)) & 3;
+    int bit = i * bits, byte = bit >> 3;
+    int word = row[byte] | (((bit & 7) + bits > 8) ? row[byte + 1] << 8 : 0);
+    return (word >> (bit & 7)) & ((1 << bits) - 1);
+}
+
+typedef struct {
+    int kind, bits, D, group, row_bytes, groups, zero_bytes;
+    const uint8_t* data;    /* [BH, S, row_bytes] (row_bytes: the stored row's, pack's padding included) */
+    const uint16_t* scales; /* INT: [BH, S, groups] float16; E4M3: [BH, S, 1] float16; others: NULL */
+    const uint8_t* zeros;   /* INT: [BH, S, zero_bytes], zero points packed with bits */
+    int S;
+} Store;
+
+#if defined(__AVX2__) && defined(__F16C__)
+#define KV_SIMD 1
+static const int32_t NIBBLE_SHIFTS[8] = {0, 4, 0, 4, 0, 4, 0, 4}, CRUMB_SHIFTS[8] = {0, 2, 4, 6, 0, 2, 4, 6};
+
+/* Codes i .. i + 7 of a row (i a multiple of 8) as floats. */
+static inline __m256 codes8(const uint8_t* row, int i, int bits) {
+    if (bits == 8) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(row + i))));
+    if (bits == 4) {
+        uint32_t w; memcpy(&w, row + i / 2, 4);
+        __m128i b = _mm_cvtsi32_si128((int)w);
+        __m256i v = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+        v = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_loadu_si256((const __m256i*)NIBBLE_SHIFTS)), _mm256_set1_epi32(15));
+        return _mm256_cvtepi32_ps(v);
+    }
+    if (bits == 2) {
+        uint16_t w; memcpy(&w, row + i / 4, 2);
+        __m128i b = _mm_shuffle_epi8(_mm_cvtsi32_si128(w), _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+        __m256i v = _mm256_cvtepu8_epi32(b);
+        v = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_loadu_si256((const __m256i*)CRUMB_SHIFTS)), _mm256_set1_epi32(3));
+        return _mm256_cvtepi32_ps(v);
+    }
+    int32_t c[8];
+    for (int k = 0; k < 8; k++) c[k] = code_at(row, i + k, bits);
+    return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)c));
+}
+
+/* Eight e4m3 codes as floats times 2^-8 (fp8.c's widening: the exponent and mantissa moved into float16's). */
+static inline __m256 e4m3_8(const uint8_t* p) {
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
+    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                             _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+}
+#endif
+
+/* Row s of head bh, dequantized into out[D]. */
+static inline void decode_row(const Store* st, int bh, int s, float* out) {
+    size_t r = (size_t)bh * st->S + s;
+    const uint8_t* row = st->data + r * st->row_bytes;
+    int D = st->D;
+#ifdef KV_SIMD
+    if (D % 8 == 0 && (st->kind != INT || st->group % 8 == 0)) {
+        switch (st->kind) {
+            case INT: {
+                const uint16_t* sc = st->scales + r * st->groups;
+                const uint8_t* zr = st->zeros + r * st->zero_bytes;
+                for (int j = 0; j < st->groups; j++) {
+                    float scale = half_to_float(sc[j]);
+                    __m256 vs = _mm256_set1_ps(scale), vb = _mm256_set1_ps(-(float)code_at(zr, j, st->bits) * scale);
+                    int i1 = (j + 1) * st->group < D ? (j + 1) * st->group : D;
+                    for (int i = j * st->group; i < i1; i += 8) _mm256_storeu_ps(out + i, _mm256_fmadd_ps(codes8(row, i, st->bits), vs, vb));
+                }
+                return;
+            }
+            case CAST_F32: memcpy(out, row, (size_t)D * 4); return;
+            case CAST_F16:
+                for (int i = 0; i < D; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(row + 2 * i))));
+                return;
+            case CAST_BF16:
+                for (int i = 0; i < D; i += 8) {
+                    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(row + 2 * i)));
+                    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+                }
+                return;
+            default: {
+                __m256 vs = _mm256_set1_ps(half_to_float(st->scales[r]) * 256.0f);
+                for (int i = 0; i < D; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(e4m3_8(row + i), vs));
+                return;
+            }
+        }
+    }
+#endif
+    switch (st->kind) {
+        case INT: {
+            const uint16_t* sc = st->scales + r * st->groups;
+            const uint8_t* zr = st->zeros + r * st->zero_bytes;
+            for (int j = 0; j < st->groups; j++) {
+                float scale = half_to_float(sc[j]), bias = -(float)code_at(zr, j, st->bits) * scale;
+                int i1 = (j + 1) * st->group < D ? (j + 1) * st->group : D;
+                for (int i = j * st->group; i < i1; i++) out[i] = (float)code_at(row, i, st->bits) * scale + bias;
+            }
+            break;
+        }
+        case CAST_F32: memcpy(out, row, (size_t)D * 4); break;
+        case CAST_F16: for (int i = 0; i < D; i++) out[i] = half_to_float(((const uint16_t*)row)[i]); break;
+        case CAST_BF16: for (int i = 0; i < D; i++) out[i] = bf16_to_float(((const uint16_t*)row)[i]); break;
+        default: {
+            float scale = half_to_float(st->scales[r]);
+            for (int i = 0; i < D; i++) out[i] = e4m3_to_float(row[i]) * scale;
+        }
+    }
+}
+
+/* q . row over D values. */
+static inline float dot(const float* q, const float* row, int D) {
+#ifdef KV_SIMD
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(row + i), acc);
+        return hsum(acc);
+    }
+#endif
+    float acc = 0;
+    for (int i = 0; i < D; i++) acc += q[i] * row[i];
+    return acc;
+}
+
+static Store make_store(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
+                        const void* scales, const void* zeros, int S) {
+    Store st = {kind, bits, D, group, row_bytes, kind == INT ? (D + group - 1) / group : 1, zero_bytes,
+                (const uint8_t*)data, (const uint16_t*)scales, (const uint8_t*)zeros, S};
+    return st;
+}
+
+static inline int valid_slots(const int64_t* n_valid, int S) {
+    int64_t n = *n_valid;
+    return n < 0 ? 0 : n > S ? S : (int)n;
+}
+
+#ifdef KV_SIMD
+static inline float hsum_fast(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+/* Scores of rows [s0, s1) for G query rows (a constant where inlined: the accumulators stay in registers); two
+   rows at a time, so 2 x G independent chains of multiply-adds are in flight. */
+static inline __attribute__((always_inline)) void scores_simd(const Store* st, int bh, int s0, int s1, const float* q,
+                                                              const int G, float* out, int S) {
+    float rows[2][MAX_D];
+    int D = st->D;
+    for (int s = s0; s < s1; s += 2) {
+        int pair = s + 1 < s1;
+        decode_row(st, bh, s, rows[0]);
+        if (pair) decode_row(st, bh, s + 1, rows[1]);
+        __m256 acc[2][8];
+        for (int g = 0; g < G; g++) acc[0][g] = acc[1][g] = _mm256_setzero_ps();
+        for (int i = 0; i < D; i += 8) {
+            __m256 r0 = _mm256_loadu_ps(rows[0] + i), r1 = _mm256_loadu_ps(rows[1] + i);
+            for (int g = 0; g < G; g++) {
+                __m256 qg = _mm256_loadu_ps(q + (size_t)g * D + i);
+                acc[0][g] = _mm256_fmadd_ps(qg, r0, acc[0][g]);
+                acc[1][g] = _mm256_fmadd_ps(qg, r1, acc[1][g]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            out[(size_t)g * S + s] = hsum_fast(acc[0][g]);
+            if (pair) out[(size_t)g * S + s + 1] = hsum_fast(acc[1][g]);
+        }
+    }
+}
+#endif
+
+static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q, int G, float* out, int S) {
+#ifdef KV_SIMD
+    if (st->D % 8 == 0 && G <= 8) {
+        switch (G) {
+            case 1: scores_simd(st, bh, s0, s1, q, 1, out, S); return;
+            case 2: scores_simd(st, bh, s0, s1, q, 2, out, S); return;
+            case 3: scores_simd(st, bh, s0, s1, q, 3, out, S); return;
+            case 4: scores_simd(st, bh, s0, s1, q, 4, out, S); return;
+            default: scores_simd(st, bh, s0, s1, q, G, out, S); return;
+        }
+    }
+#endif
+    float row[MAX_D];
+    for (int s = s0; s < s1; s++) {
+        decode_row(st, bh, s, row);
+        for (int g = 0; g < G; g++) out[(size_t)g * S + s] = dot(q + (size_t)g * st->D, row, st->D);
+    }
+}
+
+void kv_scores(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
+               const void* scales, const void* zeros, int BH, int S, const int64_t* n_valid,
+               const float* q, int G, float* out) {
+    Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
+    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK;
+    memset(out, 0, sizeof(float) * (size_t)BH * G * S);
+    #pragma omp parallel for schedule(static)
+    for (int w = 0; w < BH * chunks; w++) {
+        int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
+        scores_rows(&st, bh, s0, s1, q + (size_t)bh * G * D, G, out + (size_t)bh * G * S, S);
+    }
+}
+
+void kv_values(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
+               const void* scales, const void* zeros, int BH, int S, const int64_t* n_valid,
+               const float* p, int G, float* out) {
+    Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
+    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK;
+    size_t part = (size_t)G * D;
+    float* partial = calloc((size_t)BH * (chunks ? chunks : 1) * part, sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int w = 0; w < BH * chunks; w++) {
+        int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
+        float rows[4][MAX_D];
+        float* acc = partial + (size_t)w * part;
+        for (int s = s0; s < s1; s += 4) {  /* four rows per pass over the accumulators */
+            int m = s1 - s < 4 ? s1 - s : 4;
+            for (int k = 0; k < m; k++) decode_row(&st, bh, s + k, rows[k]);
+            for (int k = m; k < 4; k++) memset(rows[k], 0, sizeof(float) * D);
+            for (int g = 0; g < G; g++) {
+                const float* pg = p + ((size_t)bh * G + g) * S + s;
+                float w0 = pg[0], w1 = m > 1 ? pg[1] : 0, w2 = m > 2 ? pg[2] : 0, w3 = m > 3 ? pg[3] : 0;
+                float* a = acc + (size_t)g * D;
+                for (int i = 0; i < D; i++) a[i] += w0 * rows[0][i] + w1 * rows[1][i] + w2 * rows[2][i] + w3 * rows[3][i];
+            }
+        }
+    }
+    for (int bh = 0; bh < BH; bh++) {
+        float* o = out + (size_t)bh * part;
+        memset(o, 0, sizeof(float) * part);
+        for (int c = 0; c < chunks; c++) {
+            const float* a = partial + ((size_t)bh * chunks + c) * part;
+            for (size_t k = 0; k < part; k++) o[k] += a[k];
+        }
+    }
+    free(partial);
+}

@@ -1,0 +1,88 @@
+"""Decode attention over stored KV codes: the C scores and weighted sums equal the products with the dequantized
+store (every integer width, groups, float casts, head sizes off the SIMD width, 1-5 query rows per head, a batch),
+stop at the stored length, and a static layer attending this way gives the dynamic layers' logits at every step."""
+import pytest
+import torch
+
+from quantlab.engine.attention import FUSED_NAME
+from quantlab.engine.compiled import attention_implementation
+from quantlab.extend import KV_FORMATS
+from quantlab.kv import code_attention
+from quantlab.kv.packed import Codec
+from quantlab.kv.static import CodeStore
+
+CPU = torch.device("cpu")
+CODECS = [Codec(bits=b, group_size=g) for b in range(2, 9) for g in (16, 64)] + [
+    Codec(dtype=d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)]
+
+
+def filled_store(codec: Codec, b: int, h: int, slots: int, d: int) -> CodeStore:
+    torch.manual_seed(0)
+    store = CodeStore(codec, b, h, slots, d, CPU)
+    store.write(torch.arange(slots), torch.randn(b, h, slots, d) * 3)
+    return store
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=str)
+@pytest.mark.parametrize("d,g", [(64, 3), (32, 1), (40, 5), (20, 4)])
+def test_scores_and_values_equal_the_products_with_the_dequantized_store(codec: Codec, d: int, g: int) -> None:
+    b, h, slots = 2, 2, 37
+    store = filled_store(codec, b, h, slots, d)
+    assert code_attention.reads_codes(store)
+    ref = store.read(torch.float32).reshape(b * h, slots, d)
+    q, p = torch.randn(b * h, g, d), torch.softmax(torch.randn(b * h, g, slots), -1)
+    args = code_attention._store_args(store)
+    for valid in (slots, 29, 0):
+        n = torch.tensor(valid)
+        scores = code_attention.scores_op(*args, n, q)
+        values = code_attention.values_op(*args, n, p)
+        want = q @ ref[:, :valid].transpose(1, 2)
+        assert torch.allclose(scores[..., :valid], want, atol=1e-4, rtol=1e-5)
+        assert torch.equal(scores[..., valid:], torch.zeros_like(scores[..., valid:]))  # nothing past the length
+        assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
+
+
+def test_a_per_channel_key_store_is_left_to_the_expression_path() -> None:
+    assert not code_attention.reads_codes(filled_store(Codec(bits=2, axis="channel", group_size=4), 1, 1, 8, 16))
+
+
+def tiny_model(arch: str) -> torch.nn.Module:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=128, hidden_size=96, intermediate_size=128, num_attention_heads=6, num_key_value_heads=2,
+                  head_dim=32, max_position_embeddings=256)
+    if arch == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**common, num_hidden_layers=2)).eval()
+    config = tf.Gemma3TextConfig(**common, num_hidden_layers=2, sliding_window=8, final_logit_softcapping=None,
+                                 layer_types=["sliding_attention", "full_attention"])
+    return tf.Gemma3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("name,fields", [("int", dict(bits=4, group_size=16, residual_tokens=4)),
+                                         ("int", dict(bits=8, group_size=32, residual_tokens=0)),
+                                         ("int", dict(bits=3, group_size=8, residual_tokens=30)), ("fp8", {})])
+def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits(arch: str, name: str, fields: dict,
+                                                                                 monkeypatch) -> None:
+    from quantlab.engine.decode import Generation
+
+    calls = []
+    attend = code_attention.attend
+    monkeypatch.setattr(code_attention, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    model, kv = tiny_model(arch), KV_FORMATS[name].build(**fields)
+    ids = torch.stack([torch.arange(1, 14) * 5 % 128, torch.arange(13) * 3 % 128])
+    logits = {}
+    for length in (None, 13 + 12):
+        gen = Generation(model, kv, CPU, None, length)
+        with attention_implementation(model, FUSED_NAME):
+            gen.prefill(ids)
+            steps = [gen.logits.clone()]
+            for _ in range(12):
+                gen.decode(1)
+                steps.append(gen.logits.clone())
+        logits[length] = steps
+    global_layers = 1 if arch == "gemma3" else 2
+    assert len(calls) == 12 * global_layers  # every decode step of every global layer, none for the dynamic cache
+    for step, (d, s) in enumerate(zip(logits[None], logits[25])):
+        assert torch.allclose(s, d, atol=1e-5, rtol=1e-5), (step, (s - d).abs().max())
