@@ -7,9 +7,9 @@ reads, as llama.cpp's quantized cache is read), and only the stored positions up
 dequantized history is built. The ring's few positions go through ordinary products; the softmax joins both.
 Both C functions are registered torch ops with fake implementations, so the path runs inside the compiled step.
 
-Layouts read: packed integers per position (token axis, any width 2-8, groups along the head dimension) and
-float casts (float32, float16, bfloat16, float8 e4m3 with its per-position scale). A per-channel key store
-(KIVI) is not one of them: ``reads_codes`` says so, and such a layer keeps the fused expression path.
+Layouts read: packed integers per position (token axis, any width 2-8, groups along the head dimension), keys
+per channel (KIVI: one scale and zero point per channel over a block of positions) and float casts (float32,
+float16, bfloat16, float8 e4m3 with its per-position scale).
 """
 from __future__ import annotations
 
@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import UnsupportedError
 from ..quant.kernels import native
 
 if TYPE_CHECKING:
     from .static import CodeStore, StaticPackedLayer
 
-INT, CAST_F32, CAST_F16, CAST_BF16, CAST_E4M3 = range(5)
+INT, CAST_F32, CAST_F16, CAST_BF16, CAST_E4M3, INT_CHANNEL = range(6)
 CASTS = {torch.float32: CAST_F32, torch.float16: CAST_F16, torch.bfloat16: CAST_BF16}
 MAX_HEAD_DIM = 512  # the kernel's scratch row
+MAX_CHANNEL_BLOCK = 1024  # positions of a per-channel key block (its scores are kept on the stack)
 
 
 @functools.cache
@@ -39,6 +41,16 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+@functools.cache
+def available() -> bool:
+    """Whether the C kernel builds on this machine (a C compiler is found); otherwise layers keep the expression."""
+    try:
+        _library()
+    except UnsupportedError:
+        return False
+    return True
+
+
 def _kind(codec_bits: int | None, dtype: torch.dtype | None) -> int | None:
     if codec_bits is not None:
         return INT
@@ -48,17 +60,27 @@ def _kind(codec_bits: int | None, dtype: torch.dtype | None) -> int | None:
 
 
 def reads_codes(store: "CodeStore | None") -> bool:
-    """Whether the kernel reads ``store``'s layout (token-axis integers or a float cast)."""
+    """Whether the kernel reads ``store``'s layout: integers per position or per channel (keys), or a float cast."""
+    if not available():
+        return False
     if store is None:
         return True
     codec = store.codec
-    kind = _kind(codec.bits, codec.dtype)
-    return kind is not None and (codec.bits is None or codec.axis == "token") and store.shape[2] <= MAX_HEAD_DIM
+    if codec.bits is not None and codec.axis == "channel":
+        return codec.block <= MAX_CHANNEL_BLOCK
+    return _kind(codec.bits, codec.dtype) is not None and store.shape[2] <= MAX_HEAD_DIM
+
+
+def _heads_and_slots(kind: int, group: int, d: int, data: torch.Tensor) -> tuple[int, int]:
+    """(batch x heads, slots) of a store's main tensor: ``[b, h, slots, ·]``, per channel ``[blocks, b·h·d, ·]``."""
+    if kind == INT_CHANNEL:
+        return data.shape[1] // d, data.shape[0] * group
+    return data.shape[0] * data.shape[1], data.shape[2]
 
 
 def _call(name: str, kind: int, bits: int, group: int, data: torch.Tensor, scales: torch.Tensor | None,
           zeros: torch.Tensor | None, n_valid: torch.Tensor, x: torch.Tensor, d: int, out: torch.Tensor) -> None:
-    bh, s = data.shape[0] * data.shape[1], data.shape[2]
+    bh, s = _heads_and_slots(kind, group, d, data)
     row_bytes = data.shape[-1] * data.element_size()
     zero_bytes = zeros.shape[-1] if zeros is not None else 0
     getattr(_library(), name)(kind, bits, d, group, row_bytes, zero_bytes, data.data_ptr(),
@@ -68,9 +90,9 @@ def _call(name: str, kind: int, bits: int, group: int, data: torch.Tensor, scale
 
 def kv_scores(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
               zeros: torch.Tensor | None, n_valid: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``q [BH, G, d]`` float32 against stored rows ``[b, h, S, ·]``: ``[BH, G, S]`` (0 from slot ``n_valid``)."""
+    """``q [BH, G, d]`` float32 against stored key rows: ``[BH, G, S]`` (0 from slot ``n_valid``)."""
     q = q.contiguous()
-    out = torch.empty(q.shape[0], q.shape[1], data.shape[2], dtype=torch.float32)
+    out = torch.empty(q.shape[0], q.shape[1], _heads_and_slots(kind, group, d, data)[1], dtype=torch.float32)
     _call("kv_scores", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), q, d, out)
     return out
 
@@ -90,7 +112,7 @@ values_op = torch.library.custom_op("quantlab::kv_values", kv_values, mutates_ar
 
 @scores_op.register_fake
 def _(kind, bits, group, d, data, scales, zeros, n_valid, q):
-    return q.new_empty(q.shape[0], q.shape[1], data.shape[2], dtype=torch.float32)
+    return q.new_empty(q.shape[0], q.shape[1], _heads_and_slots(kind, group, d, data)[1], dtype=torch.float32)
 
 
 @values_op.register_fake
@@ -100,6 +122,8 @@ def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
 
 def _store_args(store: "CodeStore") -> tuple[int, int, int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     codec, t, d = store.codec, store.tensors, store.shape[2]
+    if codec.bits is not None and codec.axis == "channel":
+        return INT_CHANNEL, codec.bits, codec.block, d, t["packed"], t["scales"], t["zeros"]
     kind = _kind(codec.bits, codec.dtype)
     assert kind is not None
     if kind == INT:

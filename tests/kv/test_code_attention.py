@@ -1,6 +1,7 @@
 """Decode attention over stored KV codes: the C scores and weighted sums equal the products with the dequantized
-store (every integer width, groups, float casts, head sizes off the SIMD width, 1-5 query rows per head, a batch),
-stop at the stored length, and a static layer attending this way gives the dynamic layers' logits at every step."""
+store (every integer width, groups, keys per channel, float casts, head sizes off the SIMD width, 1-5 query rows
+per head, a batch) and stop at the stored length, and a static layer attending this way gives the dynamic layers'
+logits at every step."""
 import pytest
 import torch
 
@@ -13,7 +14,8 @@ from quantlab.kv.static import CodeStore
 
 CPU = torch.device("cpu")
 CODECS = [Codec(bits=b, group_size=g) for b in range(2, 9) for g in (16, 64)] + [
-    Codec(dtype=d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)]
+    Codec(dtype=d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)] + [
+    Codec(bits=b, axis="channel", group_size=g) for b in (2, 3, 4) for g in (4, 16)]  # keys per channel (KIVI)
 
 
 def filled_store(codec: Codec, b: int, h: int, slots: int, d: int) -> CodeStore:
@@ -26,24 +28,21 @@ def filled_store(codec: Codec, b: int, h: int, slots: int, d: int) -> CodeStore:
 @pytest.mark.parametrize("codec", CODECS, ids=str)
 @pytest.mark.parametrize("d,g", [(64, 3), (32, 1), (40, 5), (20, 4)])
 def test_scores_and_values_equal_the_products_with_the_dequantized_store(codec: Codec, d: int, g: int) -> None:
-    b, h, slots = 2, 2, 37
+    b, h, slots = 2, 2, 48
     store = filled_store(codec, b, h, slots, d)
     assert code_attention.reads_codes(store)
     ref = store.read(torch.float32).reshape(b * h, slots, d)
     q, p = torch.randn(b * h, g, d), torch.softmax(torch.randn(b * h, g, slots), -1)
     args = code_attention._store_args(store)
-    for valid in (slots, 29, 0):
+    for valid in (slots, 32, 0):  # whole blocks of a per-channel store
         n = torch.tensor(valid)
         scores = code_attention.scores_op(*args, n, q)
-        values = code_attention.values_op(*args, n, p)
+        values = code_attention.values_op(*args, n, p) if codec.axis == "token" else None
         want = q @ ref[:, :valid].transpose(1, 2)
         assert torch.allclose(scores[..., :valid], want, atol=1e-4, rtol=1e-5)
         assert torch.equal(scores[..., valid:], torch.zeros_like(scores[..., valid:]))  # nothing past the length
-        assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
-
-
-def test_a_per_channel_key_store_is_left_to_the_expression_path() -> None:
-    assert not code_attention.reads_codes(filled_store(Codec(bits=2, axis="channel", group_size=4), 1, 1, 8, 16))
+        if codec.axis == "token":  # values are always stored per position
+            assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
 
 
 def tiny_model(arch: str) -> torch.nn.Module:
@@ -62,7 +61,8 @@ def tiny_model(arch: str) -> torch.nn.Module:
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 @pytest.mark.parametrize("name,fields", [("int", dict(bits=4, group_size=16, residual_tokens=4)),
                                          ("int", dict(bits=8, group_size=32, residual_tokens=0)),
-                                         ("int", dict(bits=3, group_size=8, residual_tokens=30)), ("fp8", {})])
+                                         ("int", dict(bits=3, group_size=8, residual_tokens=30)), ("fp8", {}),
+                                         ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3))])
 def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits(arch: str, name: str, fields: dict,
                                                                                  monkeypatch) -> None:
     from quantlab.engine.decode import Generation
@@ -86,3 +86,22 @@ def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits
     assert len(calls) == 12 * global_layers  # every decode step of every global layer, none for the dynamic cache
     for step, (d, s) in enumerate(zip(logits[None], logits[25])):
         assert torch.allclose(s, d, atol=1e-5, rtol=1e-5), (step, (s - d).abs().max())
+
+
+def test_without_a_c_compiler_a_static_layer_keeps_the_expression_path(monkeypatch) -> None:
+    monkeypatch.setattr(code_attention, "available", lambda: False)
+    store = filled_store(Codec(bits=4, group_size=16), 1, 1, 8, 32)
+    assert not code_attention.reads_codes(store)
+    from quantlab.engine.decode import Generation
+
+    model, kv = tiny_model("llama"), KV_FORMATS["int"].build(bits=4, group_size=16, residual_tokens=4)
+    ids = torch.arange(1, 14).unsqueeze(0) * 5 % 128
+    out = []
+    for length in (None, 13 + 4):
+        gen = Generation(model, kv, CPU, None, length)
+        with attention_implementation(model, FUSED_NAME):
+            gen.prefill(ids)
+            gen.decode(4)
+        assert not any(getattr(layer, "reads_codes", False) for layer in gen.cache.layers)
+        out.append(gen.logits)
+    assert torch.allclose(out[0], out[1], atol=1e-5)

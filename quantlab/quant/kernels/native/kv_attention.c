@@ -3,7 +3,10 @@
    A static cache layer stores each position's keys and values per head as one row of codes: packed integers
    with float16 scales and packed zero points per group of channels (kind INT: value = (code - zero) * scale,
    codes little-endian at bit i * bits of the row), or a float cast (kinds F32, F16, BF16, E4M3 with a
-   float16 scale per row). The stores are [BH, S, ·] (BH = batch x key/value heads, S = slots). For one query
+   float16 scale per row). The stores are [BH, S, ·] (BH = batch x key/value heads, S = slots). Keys may also be
+   stored per channel (kind INT_CHANNEL, KIVI): [S / block, BH x D, ·], each row one channel's codes over a block of
+   positions with one scale and zero point; its scores are the query scaled per channel times the codes, minus the
+   zero points' share, vectorized over the block's positions. For one query
    row per head of a group, these compute
 
      kv_scores:  out[bh, g, s]  = q[bh, g, :] . key[bh, s, :]                (s < n_valid, else 0)
@@ -15,7 +18,7 @@
 #include "common.h"
 #include <stdlib.h>
 
-enum { INT = 0, CAST_F32 = 1, CAST_F16 = 2, CAST_BF16 = 3, CAST_E4M3 = 4 };
+enum { INT = 0, CAST_F32 = 1, CAST_F16 = 2, CAST_BF16 = 3, CAST_E4M3 = 4, INT_CHANNEL = 5 };
 #define CHUNK 256
 #define MAX_D 512
 
@@ -230,12 +233,52 @@ static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q,
     }
 }
 
+/* Scores over per-channel key blocks: for block k of head bh, score[t] = sum_i q_i s_ki (code_kit - z_ki). */
+static void channel_scores(int bits, int D, int block, int row_bytes, int zero_bytes, const uint8_t* data,
+                           const uint16_t* scales, const uint8_t* zeros, int BH, int S, int n, const float* q, int G,
+                           float* out) {
+    int blocks = n / block;  /* the stored length is whole blocks */
+    #pragma omp parallel for schedule(static)
+    for (int w = 0; w < BH * blocks; w++) {
+        int bh = w / blocks, k = w % blocks;
+        float acc[G][block], offset[G];  /* a few KB on the stack */
+        memset(acc, 0, sizeof(acc));
+        memset(offset, 0, sizeof(offset));
+        for (int i = 0; i < D; i++) {
+            size_t r = ((size_t)k * BH + bh) * D + i;
+            const uint8_t* row = data + r * row_bytes;
+            float scale = half_to_float(scales[r]);
+            int zero = code_at(zeros + r * zero_bytes, 0, bits);
+            for (int g = 0; g < G; g++) {
+                float wq = q[((size_t)bh * G + g) * D + i] * scale;
+                offset[g] += wq * zero;
+                float* a = acc[g];
+#ifdef KV_SIMD
+                if (block % 8 == 0) {
+                    __m256 vw = _mm256_set1_ps(wq);
+                    for (int t = 0; t < block; t += 8)
+                        _mm256_storeu_ps(a + t, _mm256_fmadd_ps(codes8(row, t, bits), vw, _mm256_loadu_ps(a + t)));
+                    continue;
+                }
+#endif
+                for (int t = 0; t < block; t++) a[t] += wq * code_at(row, t, bits);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int t = 0; t < block; t++) out[((size_t)bh * G + g) * S + (size_t)k * block + t] = acc[g][t] - offset[g];
+    }
+}
+
 void kv_scores(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
                const void* scales, const void* zeros, int BH, int S, const int64_t* n_valid,
                const float* q, int G, float* out) {
-    Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
     int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK;
     memset(out, 0, sizeof(float) * (size_t)BH * G * S);
+    if (kind == INT_CHANNEL) {  /* group: the block of positions */
+        channel_scores(bits, D, group, row_bytes, zero_bytes, data, scales, zeros, BH, S, n, q, G, out);
+        return;
+    }
+    Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
     #pragma omp parallel for schedule(static)
     for (int w = 0; w < BH * chunks; w++) {
         int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
