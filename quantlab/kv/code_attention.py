@@ -140,8 +140,7 @@ def attend(layer: "StaticPackedLayer", query: torch.Tensor, attention_mask: torc
     g = hq // hkv
     q = query.reshape(b * hkv, g, d).float()
     length = layer.cumulative_length
-    end = layer._stored_end(length)
-    end = end if isinstance(end, torch.Tensor) else torch.tensor(end)
+    end = layer._stored_end(length)  # a tensor: the layer's length is one
     parts, positions, valid = [], [], []
     if slots:
         parts.append(scores_op(*_store_args(layer.key_store), end, q))

@@ -16,6 +16,31 @@ static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as to
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+/* A float8 code's value (finite codes), e4m3 or e5m2. */
+static inline float fp8_decode(uint8_t b, int e5m2) {
+    float v;
+    if (e5m2) {
+        int e = (b >> 2) & 31, m = b & 3;
+        v = e ? (1.0f + m / 4.0f) * (float)(1u << e) / 32768.0f : m / 4.0f / 16384.0f;
+    } else {
+        int e = (b >> 3) & 15, m = b & 7;
+        v = e ? (1.0f + m / 8.0f) * (float)(1u << e) / 128.0f : m / 8.0f / 64.0f;
+    }
+    return b & 0x80 ? -v : v;
+}
+
+#if defined(__AVX2__) && defined(__F16C__)
+/* Eight float8 codes as floats: e5m2 exactly (the top byte of a float16), e4m3 times 2^-8 (its exponent and
+   mantissa shifted into a float16's fields: the biases differ by 8). */
+static inline __m256 fp8_widen8(const uint8_t* p, int e5m2) {
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
+    __m128i h = e5m2 ? _mm_slli_epi16(b, 8)
+        : _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+}
+#endif
+
 #ifdef __AVX2__
 static inline float hsum(__m256 v) {
     float t[8]; _mm256_storeu_ps(t, v);

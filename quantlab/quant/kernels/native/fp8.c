@@ -15,31 +15,13 @@
 enum { E4M3 = 0, E5M2 = 1 };
 
 
-/* The value of one code (finite codes; e4m3 without the 2^-8 factor removed: see below). */
-static inline float decode(uint8_t b, int kind) {
-    float v;
-    if (kind == E5M2) {
-        int e = (b >> 2) & 31, m = b & 3;
-        v = e ? (1.0f + m / 4.0f) * (float)(1u << e) / 32768.0f : m / 4.0f / 16384.0f;
-    } else {
-        int e = (b >> 3) & 15, m = b & 7;
-        v = e ? (1.0f + m / 8.0f) * (float)(1u << e) / 128.0f : m / 8.0f / 64.0f;
-    }
-    return b & 0x80 ? -v : v;
-}
+static inline float decode(uint8_t b, int kind) { return fp8_decode(b, kind == E5M2); }
 
 /* Scale of row n (e4m3's codes in registers read 2^-8 of their value: the factor goes here). */
 static inline float row_scale(const float* scales, int per_tensor, int n) { return scales[per_tensor ? 0 : n]; }
 
 #ifdef FP8_SIMD
-/* Eight codes as floats: e5m2 exactly, e4m3 times 2^-8. */
-static inline __m256 widen8(const uint8_t* p, int kind) {
-    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
-    __m128i h = kind == E5M2 ? _mm_slli_epi16(b, 8)
-        : _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
-                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
-    return _mm256_cvtph_ps(h);
-}
+static inline __m256 widen8(const uint8_t* p, int kind) { return fp8_widen8(p, kind == E5M2); }
 
 static inline __attribute__((always_inline)) void rows_simd(const uint8_t* w, const float* scales, int per_tensor, int kind,
                                                             const float* x, float* y, int R, int N, int K) {

@@ -37,12 +37,6 @@ static inline float half_to_float(uint16_t h) {
 
 static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
-static inline float e4m3_to_float(uint8_t b) {
-    int e = (b >> 3) & 15, m = b & 7;
-    float v = e ? (1.0f + m / 8.0f) * (float)(1u << e) / 128.0f : m / 8.0f / 64.0f;
-    return b & 0x80 ? -v : v;
-}
-
 static inline int code_at(const uint8_t* row, int i, int bits) {
     if (bits == 8) return row[i];
     if (bits == 4) return (row[i >> 1] >> ((i & 1) * 4)) & 15;
@@ -86,13 +80,6 @@ static inline __m256 codes8(const uint8_t* row, int i, int bits) {
     return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)c));
 }
 
-/* Eight e4m3 codes as floats times 2^-8 (fp8.c's widening: the exponent and mantissa moved into float16's). */
-static inline __m256 e4m3_8(const uint8_t* p) {
-    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
-    __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
-                             _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
-    return _mm256_cvtph_ps(h);
-}
 #endif
 
 /* Row s of head bh, dequantized into out[D]. */
@@ -126,7 +113,7 @@ static inline void decode_row(const Store* st, int bh, int s, float* out) {
                 return;
             default: {
                 __m256 vs = _mm256_set1_ps(half_to_float(st->scales[r]) * 256.0f);
-                for (int i = 0; i < D; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(e4m3_8(row + i), vs));
+                for (int i = 0; i < D; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8_widen8(row + i, 0), vs));
                 return;
             }
         }
@@ -148,7 +135,7 @@ static inline void decode_row(const Store* st, int bh, int s, float* out) {
         case CAST_BF16: for (int i = 0; i < D; i++) out[i] = bf16_to_float(((const uint16_t*)row)[i]); break;
         default: {
             float scale = half_to_float(st->scales[r]);
-            for (int i = 0; i < D; i++) out[i] = e4m3_to_float(row[i]) * scale;
+            for (int i = 0; i < D; i++) out[i] = fp8_decode(row[i], 0) * scale;
         }
     }
 }
