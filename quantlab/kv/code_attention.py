@@ -41,6 +41,7 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+@torch.compiler.assume_constant_result
 @functools.cache
 def available() -> bool:
     """Whether the C kernel builds on this machine (a C compiler is found); otherwise layers keep the expression."""

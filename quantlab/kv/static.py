@@ -151,6 +151,7 @@ class _StaticPacked:
         self.key_codec, self.value_codec, self.residual_tokens = key_codec, value_codec, residual_tokens
         self.block = max(key_codec.block, value_codec.block)
         self.key_store = self.value_store = None
+        self._reads_codes = False
 
     def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, ring: int, slots: int) -> None:
         b, h, _, d = key_states.shape
@@ -252,13 +253,15 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
 
     @property
     def reads_codes(self) -> bool:
-        """Whether a decode row attends over this layer's stores directly (``code_attention.attend``)."""
-        from .code_attention import reads_codes
-
-        return self.is_initialized and reads_codes(self.key_store) and reads_codes(self.value_store)
+        """Whether a decode row attends over this layer's stores directly (``code_attention.attend``): decided
+        once when the stores are allocated, so a compiled step reads a plain flag (no kernel build traced)."""
+        return self.is_initialized and self._reads_codes
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        from .code_attention import reads_codes
+
         self._allocate(key_states, value_states, *self.capacity())
+        self._reads_codes = reads_codes(self.key_store) and reads_codes(self.value_store)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
