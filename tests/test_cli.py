@@ -100,6 +100,14 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "quantlab.cli", *argv], capture_output=True, text=True, timeout=600)
 
 
+def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> subprocess.CompletedProcess:
+    """``quantlab ARGV`` in this process (the refusals' path without a fresh interpreter's imports)."""
+    capsys.readouterr()
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), code, captured.out, captured.err)
+
+
 def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -116,17 +124,17 @@ def _recipe(tmp_path: Path, **fields) -> Path:
     return path
 
 
-def test_an_output_path_that_is_a_file_is_refused_before_measuring(tmp_path: Path) -> None:
+def test_an_output_path_that_is_a_file_is_refused_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "taken"
     target.write_text("not a folder")
-    proc = _cli("run", str(_recipe(tmp_path)), "--out", str(target))
+    proc = _main(capsys, "run", str(_recipe(tmp_path)), "--out", str(target))
     _one_line_error(proc, str(target), "existing file")
     assert "memory bandwidth" not in proc.stderr  # nothing was measured
 
 
-def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = Path("/proc/quantlab-out")  # even root cannot make a folder there
-    _one_line_error(_cli("run", str(_recipe(tmp_path)), "--out", str(target)), "cannot write the output folder")
+    _one_line_error(_main(capsys, "run", str(_recipe(tmp_path)), "--out", str(target)), "cannot write the output folder")
 
 
 @pytest.mark.parametrize("fields,where", [
@@ -191,8 +199,8 @@ def test_compare_warns_about_runs_with_different_workloads(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("shard", ["3/3", "a/2", "1", "2/0"])
-def test_a_bad_shard_is_one_line_exit_2(tmp_path: Path, shard: str) -> None:
-    _one_line_error(_cli("run", str(_recipe(tmp_path)), "--shard", shard), "--shard: expected I/N with 0 <= I < N")
+def test_a_bad_shard_is_one_line_exit_2(tmp_path: Path, shard: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _one_line_error(_main(capsys, "run", str(_recipe(tmp_path)), "--shard", shard), "--shard: expected I/N with 0 <= I < N")
 
 
 def test_estimate_notes_positions_beyond_the_limit(capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,6 +30,7 @@ def _recipe(model: dict, weights: list) -> dict:
             "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 512}}}
 
 
+@pytest.mark.slow  # a local and a Ray run end to end; CI's slow tier runs it
 def test_a_ray_sweep_gives_the_variants_and_figures_of_a_local_run(local_ray, tmp_path: Path) -> None:
     spec = _recipe({"bundled": "tiny-stdlib-llama"}, ["fp32", "int8", {"format": "int4", "group_size": 128}])
     local = read_jsonl(run_recipe(validate_recipe({**spec, "isolation": "none"}), tmp_path / "local", log=lambda _: None)

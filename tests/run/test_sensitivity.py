@@ -51,6 +51,7 @@ def test_sensitivity_ranks_every_group_and_draws_the_heatmap(tmp_path: Path, cap
     assert "<svg" in (out / "sensitivity.svg").read_text() and "| 1 |" in md and "508 tokens of stdlib-train" in md
 
 
+@pytest.mark.slow  # two scans end to end; CI's slow tier runs it
 def test_an_interrupted_sweep_resumes_from_its_rows_and_several_formats_share_one_table(tmp_path: Path, monkeypatch) -> None:
     import quantlab.quant.mixed.sensitivity as scan_module
 
