@@ -9,6 +9,9 @@ since a group's scale is then repeated in each of its blocks) map onto ggml's le
   ``d`` exactly, ``m = −z · d`` rounded to float16 (at most half a float16 ulp of ``m``: 0.73% of the group's
   quantization step for 4-bit codes, 1.5% for 5-bit); the manifest gives each tensor's largest deviation.
 
+A weight stored in a ggml block type (the ``gguf`` weight format: Q2_K … Q6_K, IQ4_NL, IQ4_XS and the legacy
+types, quantized by ggml's own code) is written as its blocks, byte for byte.
+
 Other stored forms (3-bit, NF4/FP4, FP8, act-order columns, groups that are not whole blocks of 32) have no
 ggml type holding their numbers and are refused with the nearest format that exports. Tensors left in
 floating point are written in their dtype (F32, F16, BF16); norms in F32, as llama.cpp expects. Names, the
@@ -33,6 +36,7 @@ from ..linear import linear_types, linear_weight
 from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
+from ..tensors.ggml_blocks import GGMLBlockTensor
 from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors
 from .gguf_metadata import metadata_from_config, tokenizer_from_folder
 
@@ -40,17 +44,22 @@ BLOCK = 32
 GGUF_FILE = "model.gguf"
 # (bits, symmetric) -> ggml type name; float zero points are asymmetric.
 BLOCK_TYPES = {(4, True): "Q4_0", (4, False): "Q4_1", (5, True): "Q5_0", (5, False): "Q5_1", (8, True): "Q8_0"}
-NEAREST = "format: int4, group_size: 32 (Q4_1), with symmetric: true (Q4_0), or int8 with group_size: 32, symmetric: true (Q8_0)"
+NEAREST = ("format: gguf with any ggml type (type: Q4_K ...), int4 with group_size: 32 (Q4_1), with symmetric: true "
+           "(Q4_0), or int8 with group_size: 32, symmetric: true (Q8_0)")
 # transformers model_type -> llama.cpp architecture
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma3": "gemma3", "gemma3_text": "gemma3",
                  "gpt2": "gpt2"}
 PERMUTES_QK = ("llama",)  # llama.cpp's converter reorders Q and K rows for these
 NORM_PLUS_ONE = ("gemma3",)  # Gemma's RMSNorm multiplies by 1 + weight; llama.cpp stores 1 + weight
-FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32}
+# the file's general.file_type for its most common tensor type (llama.cpp's llama_ftype; a k-quant alone: its _S)
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
+              "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
 
 
 def block_type(q: WeightTensor) -> tuple[str | None, str]:
     """``(ggml type, "")`` for a stored form that maps onto one, else ``(None, why)``."""
+    if isinstance(q, GGMLBlockTensor):
+        return q.ggml_type, ""
     if not isinstance(q, (QuantizedTensor, FloatZeroTensor)):
         return None, f"{type(q).__name__} ({_describe(q)}) has no ggml type holding its numbers"
     symmetric = isinstance(q, QuantizedTensor) and q.symmetric
@@ -69,8 +78,10 @@ def _describe(q: WeightTensor) -> str:
     return ", ".join(f"{k}={getattr(q, k)}" for k in ("codebook", "bits", "group_size") if hasattr(q, k))
 
 
-def encode_blocks(q: QuantizedTensor | FloatZeroTensor, kind: str) -> np.ndarray:
+def encode_blocks(q: QuantizedTensor | FloatZeroTensor | GGMLBlockTensor, kind: str) -> np.ndarray:
     """The tensor's ggml blocks: uint8 ``[out, in / 32 · block bytes]``, laid out as ggml's ``block_<kind>``."""
+    if isinstance(q, GGMLBlockTensor):
+        return q.blocks.cpu().contiguous().numpy()
     out, n_in = q.shape
     nb = n_in // BLOCK
     codes = q.codes().to(torch.int32).reshape(out, nb, BLOCK)
@@ -141,8 +152,9 @@ def _field(reader: Any, name: str) -> Any:
     return None if f is None else f.contents()
 
 
-@EXPORTERS.register("gguf", "a GGUF file for llama.cpp: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks from integer codes in "
-                    "groups of 32s, floating point as it is; per-module mixes keep each tensor's type")
+@EXPORTERS.register("gguf", "a GGUF file for llama.cpp: ggml-typed weights (format gguf) as their blocks, "
+                    "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks from integer codes in groups of 32s, floating point as it is; "
+                    "per-module mixes keep each tensor's type")
 class GGUFExporter(Exporter):
     name = "gguf"
 

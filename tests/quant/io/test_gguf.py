@@ -214,3 +214,32 @@ def test_a_q4_1_exact_variant_of_smollm2_gives_back_the_shipped_file_s_blocks(tm
         m_theirs, m_ours = (b[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0] for b in (theirs_b, ours_b))
         ulp = np.spacing(np.abs(m_theirs).astype(np.float16)).astype(np.float32)
         assert (np.abs(m_ours - m_theirs) <= ulp).all(), f"{name}: minima"
+
+
+def test_ggml_typed_weights_are_written_as_their_blocks(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from quantlab.quant.io.gguf import qk_rows
+    from quantlab.quant.linear import QuantizedLinear
+
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    quantize_(model, WEIGHT_FORMATS["gguf"].build(type="Q4_K", overrides=[
+        {"modules": "*.v_proj", "format": "gguf", "type": "IQ4_XS"}]))
+    result = export_(model, "gguf", tmp_path, source=TINY)
+    assert result.max_abs_deviation == 0.0  # gguf-py decodes the blocks to the weights ggml's code gave
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    written = {t.name: t for t in reader.tensors}
+    by_module = {info["module"]: name for name, info in result.tensors.items()}
+    for name, module in model.named_modules():
+        if not isinstance(module, QuantizedLinear):
+            continue
+        stored = module.kernel.stored()
+        tensor = written[by_module[f"{name}.weight"]]
+        assert tensor.tensor_type.name == stored.ggml_type
+        blocks = stored.blocks.numpy()
+        rows = qk_rows(name, model.config, blocks.shape[0])
+        assert np.array_equal(np.array(tensor.data), blocks if rows is None else blocks[rows.numpy()])
+    kinds = {written[by_module[f"model.layers.0.{m}.weight"]].tensor_type.name
+             for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}
+    assert kinds == {"Q4_K", "IQ4_XS", "Q5_0"}
+    assert int(reader.fields["general.file_type"].contents()) == 14  # mostly Q4_K: llama.cpp's Q4_K_S

@@ -1,0 +1,143 @@
+"""ggml block types (GGUF's Q4_K, Q6_K, Q8_0 …): ggml's own quantizer and dequantizer, and on CPU the stored
+blocks multiplied as they are.
+
+``quantize_ggml`` runs ggml's code (``native/ggml_quants.c``, taken from ggml), so a tensor gives the bytes
+llama.cpp's quantizer writes for it, with or without an importance matrix.
+
+A decode step's few rows go through ``ggml_matmul`` (``native/ggml_quants.c``): each output row's blocks are
+decoded a chunk at a time by ggml's own dequantizer into scratch and multiplied by the activations, so the bytes
+read are the GGUF tensor's. Longer inputs dequantize a block of output rows at a time for the dense matmul. Both
+are registered torch ops, so the path also runs inside ``torch.compile``.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import ClassVar
+
+import torch
+
+from ...errors import UnsupportedError
+from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor, row_bytes
+from ..tensors.primitives import check_finite
+from . import native
+from .base import KERNELS, FusedRowsKernel, traced
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = native.load("ggml_quants")
+    p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ggml_quantize_rows.argtypes = [i, p, p, i64, i64, i64, p]
+    lib.ggml_dequantize_rows.argtypes = [i, p, p, i64, i64, i64, i64]
+    lib.ggml_matmul.argtypes = [i, p, p, p, i64, i64, i64, i64, i64, i64]
+    for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul):
+        f.restype = ctypes.c_int
+    return lib
+
+
+def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [out, in]`` as ggml blocks, uint8 ``[out, row bytes]``: ggml's quantizer for the type (with the
+    importance matrix ``imatrix [in]``, llama.cpp's per-column mean squared activation, when given)."""
+    t = GGML_TYPES[ggml_type]
+    if ggml_type == FLOAT_SUBSTITUTE:
+        return x.detach().to("cpu", torch.float16).contiguous().view(torch.uint8)
+    x = x.detach().to("cpu", torch.float32).contiguous()
+    out, n_in = x.shape
+    blocks = torch.empty(out, row_bytes(ggml_type, n_in), dtype=torch.uint8)
+    weights = None
+    if imatrix is not None:
+        weights = imatrix.detach().to("cpu", torch.float32).contiguous()
+        if weights.shape != (n_in,):
+            raise UnsupportedError(f"an importance matrix for {n_in} inputs has {n_in} values, got {tuple(weights.shape)}")
+    _library().ggml_quantize_rows(t.ggml_id, x.data_ptr(), blocks.data_ptr(), out, n_in, blocks.shape[1],
+                                  None if weights is None else weights.data_ptr())
+    return blocks
+
+
+def dequantize_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int, rows: slice = slice(None)) -> torch.Tensor:
+    """The float32 weights ``[rows, in]`` of ggml blocks (ggml's dequantizer)."""
+    t = GGML_TYPES[ggml_type]
+    if ggml_type == FLOAT_SUBSTITUTE:
+        return blocks[rows].contiguous().view(torch.float16).float()
+    start, stop, _ = rows.indices(blocks.shape[0])
+    source = blocks.to("cpu").contiguous()
+    out = torch.empty(max(stop - start, 0), n_in, dtype=torch.float32)
+    if out.numel():
+        _library().ggml_dequantize_rows(t.ggml_id, source.data_ptr(), out.data_ptr(), start, stop, n_in,
+                                        source.shape[1])
+    return out.to(blocks.device)
+
+
+def quantize_ggml(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> GGMLBlockTensor:
+    """``x [out, in]`` in ``ggml_type`` (one of ``GGML_TYPES``; a row that is not whole blocks of it must be asked
+    for in the type llama.cpp substitutes, ``row_type``)."""
+    if ggml_type not in GGML_TYPES:
+        raise UnsupportedError(f"ggml type {ggml_type!r}: one of {', '.join(GGML_TYPES)}")
+    if x.dim() != 2:
+        raise UnsupportedError(f"quantize_ggml expects a 2-D tensor, got shape {tuple(x.shape)}")
+    check_finite(x)
+    return GGMLBlockTensor(quantize_blocks(x, ggml_type, imatrix), ggml_type, tuple(x.shape))
+
+
+def ggml_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the weight held in ``blocks`` ``[out, row bytes]``, transposed: ``[M, out]``."""
+    t = GGML_TYPES[ggml_type]
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
+    _library().ggml_matmul(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
+                           blocks.shape[1], t.block, t.block_bytes)
+    return y
+
+
+def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the weight as ``dtype``."""
+    return dequantize_blocks(blocks, ggml_type, n_in, slice(row0, row1)).to(dtype)
+
+
+matmul_op = torch.library.custom_op("quantlab::ggml_matmul", ggml_matmul, mutates_args=())
+dequantize_op = torch.library.custom_op("quantlab::ggml_dequantize", ggml_dequantize, mutates_args=())
+
+
+@matmul_op.register_fake
+def _(x, blocks, ggml_type):
+    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+
+
+@dequantize_op.register_fake
+def _(blocks, ggml_type, n_in, row0, row1, dtype):
+    return blocks.new_empty(row1 - row0, n_in, dtype=dtype)
+
+
+@KERNELS.register
+class GGMLCPUKernel(FusedRowsKernel):
+    """ggml blocks as stored; fused C product for decode rows, C dequantization of row blocks for longer inputs."""
+
+    path = "ggml_cpu"
+    preference = 58
+    tensor_type: ClassVar[type] = GGMLBlockTensor
+    max_fused_rows: ClassVar[int] = 8
+
+    @classmethod
+    def supports(cls, q: GGMLBlockTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and q.ggml_type != FLOAT_SUBSTITUTE
+
+    def __init__(self, q: GGMLBlockTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        _library()  # build (or find) the C code now: a failure passes the choice on
+        self.shape, self.ggml_type = q.shape, q.ggml_type
+        self.register_buffer("blocks", q.blocks.contiguous())
+
+    def analytic_nbytes(self) -> int:
+        return GGMLBlockTensor.analytic_nbytes(self.shape, self.ggml_type)
+
+    def stored(self) -> GGMLBlockTensor:
+        return GGMLBlockTensor(self.blocks, self.ggml_type, self.shape)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(ggml_matmul, matmul_op)(x, self.blocks, self.ggml_type)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(ggml_dequantize, dequantize_op)(self.blocks, self.ggml_type, self.shape[1], row0, row1, dtype)
