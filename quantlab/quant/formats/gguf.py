@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 from torch import nn
 
 from ..calibrate.imatrix import collect_imatrix
@@ -20,21 +20,37 @@ from ..format import WEIGHT_FORMATS, Calibration, QuantizedWeightFormat
 from ..kernels.ggml import quantize_ggml
 from ..linear import QuantizedLinear, linear_weight
 from ..tensors.ggml_blocks import GGML_TYPES, GGMLBlockTensor, row_type
+from .gguf_recipes import RECIPES, TensorRole, category, layer_of, recipe_types
 
 GGMLTypeName = Literal["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
                        "IQ4_XS"]
+RecipeName = Literal["Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0",
+                     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"]
 
 
 class GGUFFormat(QuantizedWeightFormat):
-    """Linear weights in one ggml block type (llama.cpp's substitute where a row is not whole blocks of it)."""
+    """Linear weights in one ggml block type (llama.cpp's substitute where a row is not whole blocks of it), or
+    in the types one of llama.cpp's named mixes gives each (``recipe``: Q4_K_M …, the output head included)."""
 
     example_fields: ClassVar[dict[str, Any] | None] = {"type": "Q4_K"}
-    type: GGMLTypeName = Field(description="the ggml block type: Q2_K … Q6_K (super-blocks of 256), Q4_0, Q4_1, "
-                               "Q5_0, Q5_1, Q8_0 (blocks of 32), IQ4_NL, IQ4_XS (a non-linear 4-bit table)")
+    type: GGMLTypeName | None = Field(None, description="the ggml block type: Q2_K … Q6_K (super-blocks of 256), "
+                                      "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32), IQ4_NL, IQ4_XS (a non-linear "
+                                      "4-bit table)")
+    recipe: RecipeName | None = Field(None, description="one of llama-quantize's file types (Q4_K_M, Q3_K_M, "
+                                      "Q5_K_S ...): each linear and the output head in the type its rules give")
     imatrix: bool = Field(False, description="weigh the rounding by an importance matrix from the recipe's "
                           "calibration (llama-imatrix's per-column mean squared activation)")
     kernel: Literal["auto", "ggml_cpu", "dequantize+matmul"] = Field(
         "auto", description="auto: ggml_cpu on CPU (the blocks multiplied as stored), else dequantize+matmul")
+
+    _types: dict[str, str] | None = PrivateAttr(None)  # a recipe's type per module, once it has seen the model
+
+    @model_validator(mode="after")
+    def _type_or_recipe(self) -> "GGUFFormat":
+        if (self.type is None) == (self.recipe is None):
+            raise ValueError("gguf takes one of type (a ggml block type: " + ", ".join(GGMLTypeName.__args__)  # type: ignore[attr-defined]
+                             + ") or recipe (a llama.cpp file type: " + ", ".join(RecipeName.__args__) + ")")  # type: ignore[attr-defined]
+        return self
 
     @property
     def needs_calibration(self) -> bool:
@@ -42,11 +58,11 @@ class GGUFFormat(QuantizedWeightFormat):
 
     @property
     def calibrates_head(self) -> bool:
-        return self.imatrix
+        return False  # the importance matrix is read from the unquantized model in one pass, the head's included
 
     @property
     def scheme_label(self) -> str:
-        parts = ["gguf", self.type.lower()] + (["imat"] if self.imatrix else [])
+        parts = ["gguf", (self.type or self.recipe or "").lower()] + (["imat"] if self.imatrix else [])
         return "-".join(parts + self.compute_dtype_label() + ([self.kernel] if self.kernel != "auto" else []))
 
     @property
@@ -54,23 +70,52 @@ class GGUFFormat(QuantizedWeightFormat):
         return ("gguf",)
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
+        if self.type is None:
+            raise NotImplementedError("a named mix gives each tensor its type by its role and layer")
         return GGMLBlockTensor.analytic_nbytes((out_features, in_features), row_type(self.type, in_features))
 
-    def stored_type(self, in_features: int) -> str:
-        """The ggml type a linear of ``in_features`` inputs is stored in."""
-        return row_type(self.type, in_features)
+    def prepare_model_(self, model: nn.Module) -> None:
+        """A recipe's type for every linear and the output head, from their roles and layers in ``model``."""
+        super().prepare_model_(model)
+        if self.recipe is None:
+            return
+        from ..apply import default_exclude, select_linears
 
-    def _quantized(self, module: nn.Module, imatrix: torch.Tensor | None) -> QuantizedLinear:
+        heads = default_exclude(model)
+        names = select_linears(model)[0] + heads
+        roles = [TensorRole(n, category(n, heads[0] if heads else None), layer_of(n),
+                             linear_weight(model.get_submodule(n)).shape[1]) for n in names]
+        config = getattr(model, "config", None)
+        heads_q = getattr(config, "num_attention_heads", 1) or 1
+        n_gqa = heads_q // (getattr(config, "num_key_value_heads", None) or heads_q)
+        self._types = recipe_types(self.recipe, roles, n_gqa, self.imatrix)
+
+    def head_format(self, head: str) -> "GGUFFormat | None":
+        if self.recipe is not None and self._types is not None and head in self._types:
+            return self.format_for(head)  # llama.cpp's mixes quantize the output matrix
+        return super().head_format(head)  # type: ignore[return-value]
+
+    def stored_type(self, name: str, in_features: int) -> str:
+        """The ggml type the linear ``name`` of ``in_features`` inputs is stored in."""
+        if self.type is not None:
+            return row_type(self.type, in_features)
+        if self._types is None or name not in self._types:
+            raise ValueError(f"gguf recipe {self.recipe}: {name} was not among the model's linears when the mix was "
+                             "chosen (quantize_ chooses it)")
+        return self._types[name]
+
+    def _quantized(self, name: str, module: nn.Module, imatrix: torch.Tensor | None) -> QuantizedLinear:
         weight = linear_weight(module)
-        kind = self.stored_type(weight.shape[1])
+        kind = self.stored_type(name, weight.shape[1])
         q = quantize_ggml(weight, kind, imatrix)
         kernels = None if self.kernel == "auto" else [self.kernel]
-        settings = {"method": "gguf", "ggml_type": kind, **({"asked": self.type} if kind != self.type else {}),
+        asked = self.type or self.recipe
+        settings = {"method": "gguf", "ggml_type": kind, **({"asked": asked} if kind != asked else {}),
                     "imatrix": imatrix is not None}
         return QuantizedLinear.from_linear(module, q, kernels, settings)
 
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
-        return self._quantized(module, None)
+        return self._quantized(name, module, None)
 
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         """Quantize ``selected`` in place; with ``imatrix``, after one forward over the calibration that gives
@@ -82,7 +127,7 @@ class GGUFFormat(QuantizedWeightFormat):
         for name in selected:
             old = model.get_submodule(name)
             with onloaded(old):
-                new = self._quantized(old, sums[name].mean() if name in sums else None)
+                new = self._quantized(name, old, sums[name].mean() if name in sums else None)
             model.set_submodule(name, placed(new, old))
             details[name] = {"ggml_type": new.settings["ggml_type"],
                              **({"imatrix_tokens": sums[name].rows} if name in sums else {})}
@@ -92,4 +137,4 @@ class GGUFFormat(QuantizedWeightFormat):
 WEIGHT_FORMATS.register("gguf", "ggml block types as llama.cpp writes them (ggml's own quantizer); fields: type "
                         "(Q2_K … Q6_K, Q4_0 … Q8_0, IQ4_NL, IQ4_XS), imatrix, compute_dtype, kernel")(GGUFFormat)
 
-assert set(GGMLTypeName.__args__) <= set(GGML_TYPES)  # type: ignore[attr-defined]
+assert set(GGMLTypeName.__args__) <= set(GGML_TYPES) and set(RecipeName.__args__) == set(RECIPES)  # type: ignore[attr-defined]

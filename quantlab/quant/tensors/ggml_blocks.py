@@ -7,7 +7,7 @@ Q8_0, IQ4_NL) and the k-quant super-blocks of 256 (Q2_K … Q6_K, IQ4_XS: sub-bl
 writes, with or without an importance matrix (per-input-column weights of the rounding error, ``imatrix``).
 
 A row whose length is not a whole number of its type's blocks takes llama.cpp's substitute for that type (its
-quantizer's rule: Q2_K, Q3_K and IQ4_XS → IQ4_NL, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; F16 where even those
+quantizer's rule: Q2_K and Q3_K → Q4_0, IQ4_XS → IQ4_NL, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0; F16 where even those
 do not divide the row), so the type a tensor holds is the one llama.cpp would have written for it.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ GGML_TYPES: dict[str, BlockType] = {
     "F16": BlockType(1, 1, 2, "float16 weights (what llama.cpp writes where no block type divides a row)"),
 }
 # llama.cpp's quantizer: the type written instead where a row is not whole blocks of the asked one
-SUBSTITUTES = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+SUBSTITUTES = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 FLOAT_SUBSTITUTE = "F16"  # where no block type divides the row
 
 

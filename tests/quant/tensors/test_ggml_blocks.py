@@ -90,7 +90,7 @@ def test_an_importance_matrix_lowers_the_error_it_weighs(kind: str) -> None:
 
 def test_rows_that_are_not_whole_blocks_take_llama_cpps_substitute() -> None:
     assert [row_type(k, 576) for k in K_QUANTS + ["IQ4_XS", "Q8_0"]] == \
-        ["IQ4_NL", "IQ4_NL", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q8_0"]
+        ["Q4_0", "Q4_0", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q8_0"]
     assert [row_type(k, 1536) for k in K_QUANTS] == K_QUANTS
     assert row_type("Q4_K", 100) == row_type("Q4_0", 100) == FLOAT_SUBSTITUTE
     w = _weight(8, 100)

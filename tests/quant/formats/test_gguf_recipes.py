@@ -1,0 +1,86 @@
+"""llama.cpp's named mixes: quantlab gives every linear and the output head the type llama.cpp's quantizer
+writes for it (kept from llama.cpp 0.3.36 for two models: ``gguf_recipe_reference/types.json``), and with
+llama-cpp-python the exported blocks are the very bytes of llama.cpp's own file."""
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from quantlab import export_, quantize_
+from quantlab.paths import BUNDLED_DIR
+from quantlab.quant.format import build_format
+from quantlab.quant.formats.gguf_recipes import RECIPES, use_more_bits
+from quantlab.quant.linear import QuantizedLinear
+from tests.quant.formats.gguf_recipe_reference.make import llama_cpp_types, thirty_two_layers
+
+gguf = pytest.importorskip("gguf")
+
+REFERENCE = json.loads((Path(__file__).parent / "gguf_recipe_reference" / "types.json").read_text())["types"]
+TINY = BUNDLED_DIR / "tiny-stdlib-llama"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch.nn.Module, Path]]:
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("l32")
+    return {"tiny-stdlib-llama": (AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval(), TINY),
+            "llama-32-layers": (thirty_two_layers(folder), folder)}
+
+
+def _gguf_types(model: torch.nn.Module) -> dict[str, str]:
+    """quantlab's stored type of each quantized linear, by its GGUF tensor name (a tied head as llama.cpp's
+    token_embd, which serves as its output matrix)."""
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizedLinear):
+            key = names.get_name(name)
+            if key == "output" and model.config.tie_word_embeddings:
+                key = "token_embd"
+            out[f"{key}.weight"] = module.kernel.stored().ggml_type
+    return out
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("which", ["tiny-stdlib-llama", "llama-32-layers"])
+def test_every_tensor_takes_llama_cpps_type(models, which: str, recipe: str) -> None:
+    model = copy.deepcopy(models[which][0])
+    quantize_(model, build_format({"format": "gguf", "recipe": recipe}))
+    theirs = REFERENCE[which][recipe]
+    ours = _gguf_types(model)
+    untied_embedding = {"token_embd.weight"} if not model.config.tie_word_embeddings else set()
+    assert set(ours) == {k for k, v in theirs.items() if v != "F32"} - untied_embedding  # the norms stay F32
+    assert ours == {k: theirs[k] for k in ours}
+
+
+def test_more_bits_go_to_the_first_and_last_eighth_and_every_third_layer() -> None:
+    assert [i for i in range(32) if use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert build_format({"format": "gguf", "recipe": "Q4_K_M"}).label == "gguf-q4_k_m"
+    with pytest.raises(ValueError, match="one of type"):
+        build_format({"format": "gguf", "type": "Q4_K", "recipe": "Q4_K_M"})
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("recipe", ["Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS"])
+def test_the_export_is_llama_cpps_own_file_tensor_for_tensor(models, recipe: str, tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    model, source = models["llama-32-layers"]
+    export_(model, "gguf", tmp_path / "f32", source=source)
+    llama_cpp_types(tmp_path / "f32" / "model.gguf", recipe, tmp_path / "theirs.gguf")
+    ours_model = copy.deepcopy(model)
+    quantize_(ours_model, build_format({"format": "gguf", "recipe": recipe}))
+    export_(ours_model, "gguf", tmp_path / "ours", source=source)
+    theirs = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "theirs.gguf")).tensors}
+    ours = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "ours" / "model.gguf")).tensors}
+    compared = 0
+    for name, t in ours.items():
+        if name == "token_embd.weight":  # quantlab keeps the embedding table in float
+            continue
+        assert t.tensor_type == theirs[name].tensor_type, name
+        assert np.array_equal(np.array(t.data), np.array(theirs[name].data)), name
+        compared += 1
+    assert compared == len(ours) - 1 == len(theirs) - 1
