@@ -142,6 +142,11 @@ class WeightFormat(BaseModel):
         (used by ``quantlab estimate``; a format without a formula is reported as not estimated)."""
         raise NotImplementedError
 
+    def linear_weights_bytes(self, linears: dict[str, tuple[int, int]], base: torch.dtype) -> int:
+        """Bytes these linears' weights (module name → ``(out, in)``) take in this format: each one's formula; a
+        format whose layout follows a module's role and layer (llama.cpp's named mixes) reads the names."""
+        return sum(self.linear_weight_bytes(o, i, base) for o, i in linears.values())
+
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module | None:
         """A replacement for a selected linear module, or None to leave it as it is."""
         return None

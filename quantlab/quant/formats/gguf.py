@@ -28,6 +28,14 @@ RecipeName = Literal["Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "
                      "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"]
 
 
+def heads_per_kv_head(linears: dict[str, tuple[int, int]]) -> int:
+    """Query heads per key/value head (llama.cpp's n_gqa), from the first layer's q and v projection rows (1
+    where the model has no separate ones)."""
+    q = next((o for n, (o, _) in linears.items() if category(n) == "attn_q"), None)
+    v = next((o for n, (o, _) in linears.items() if category(n) == "attn_v"), None)
+    return max(1, q // v) if q and v else 1
+
+
 class GGUFFormat(QuantizedWeightFormat):
     """Linear weights in one ggml block type (llama.cpp's substitute where a row is not whole blocks of it), or
     in the types one of llama.cpp's named mixes gives each (``recipe``: Q4_K_M …, the output head included)."""
@@ -74,6 +82,17 @@ class GGUFFormat(QuantizedWeightFormat):
             raise NotImplementedError("a named mix gives each tensor its type by its role and layer")
         return GGMLBlockTensor.analytic_nbytes((out_features, in_features), row_type(self.type, in_features))
 
+    def types_for(self, linears: dict[str, tuple[int, int]], head: str | None = None) -> dict[str, str]:
+        """The ggml type of each linear (module name → ``(out, in)``; ``head``: the output head's name)."""
+        if self.recipe is None:
+            return {n: row_type(self.type, i) for n, (_, i) in linears.items()}  # type: ignore[arg-type]
+        roles = [TensorRole(n, category(n, head), layer_of(n), i) for n, (_, i) in linears.items()]
+        return recipe_types(self.recipe, roles, heads_per_kv_head(linears), self.imatrix)
+
+    def linear_weights_bytes(self, linears: dict[str, tuple[int, int]], base: torch.dtype) -> int:
+        types = self.types_for(linears)
+        return sum(GGMLBlockTensor.analytic_nbytes(shape, types[n]) for n, shape in linears.items())
+
     def prepare_model_(self, model: nn.Module) -> None:
         """A recipe's type for every linear and the output head, from their roles and layers in ``model``."""
         super().prepare_model_(model)
@@ -83,12 +102,8 @@ class GGUFFormat(QuantizedWeightFormat):
 
         heads = default_exclude(model)
         names = select_linears(model)[0] + heads
-        roles = [TensorRole(n, category(n, heads[0] if heads else None), layer_of(n),
-                             linear_weight(model.get_submodule(n)).shape[1]) for n in names]
-        config = getattr(model, "config", None)
-        heads_q = getattr(config, "num_attention_heads", 1) or 1
-        n_gqa = heads_q // (getattr(config, "num_key_value_heads", None) or heads_q)
-        self._types = recipe_types(self.recipe, roles, n_gqa, self.imatrix)
+        self._types = self.types_for({n: tuple(linear_weight(model.get_submodule(n)).shape) for n in names},
+                                     heads[0] if heads else None)
 
     def head_format(self, head: str) -> "GGUFFormat | None":
         if self.recipe is not None and self._types is not None and head in self._types:

@@ -106,7 +106,7 @@ class MixedFormat(WeightFormat):
             if isinstance(c, MixedFormat) or not c.is_plain:
                 raise ValueError(f"candidate {c.label}: a plain format (no mixed, include, exclude or overrides)")
             try:
-                c.linear_weight_bytes(64, 64, torch.float32)
+                c.linear_weights_bytes({"model.layers.0.mlp.down_proj": (64, 64)}, torch.float32)
             except NotImplementedError:
                 raise ValueError(f"{c.label} has no byte formula, so it cannot be budgeted") from None
         for c in self.candidates:
@@ -163,22 +163,22 @@ class MixedFormat(WeightFormat):
         problem = super().check_model(linears, head, base)
         if problem is not None:
             return problem
-        shapes = [shape for name, shape in linears.items() if self.format_for(name) is not None]
-        budget = self.budget_for(shapes, base)
-        smallest = sum(min(c.linear_weight_bytes(o, i, base) for c in self.candidates) for o, i in shapes)
+        chosen = {name: shape for name, shape in linears.items() if self.format_for(name) is not None}
+        budget = self.budget_for(chosen, base)
+        smallest = sum(min(c.linear_weight_bytes(o, i, base) for c in self.candidates) for o, i in chosen.values())
         if smallest > budget:
             which = next(k for k in ("budget_bytes", "bits_per_weight", "budget_format") if getattr(self, k) is not None)
             return f".{which}", (f"the budget of {budget:,} bytes is below the smallest possible total, {smallest:,} "
                                  f"bytes (every selected linear in its smallest candidate)")
         return None
 
-    def budget_for(self, shapes: list[tuple[int, int]], base: torch.dtype) -> int:
-        """The budget in bytes over linears of these ``(out, in)`` shapes."""
+    def budget_for(self, linears: dict[str, tuple[int, int]], base: torch.dtype) -> int:
+        """The budget in bytes over these linears (module name → ``(out, in)``)."""
         if self.budget_bytes is not None:
             return self.budget_bytes
         if self.bits_per_weight is not None:
-            return math.floor(self.bits_per_weight * sum(o * i for o, i in shapes) / 8)
-        return sum(self.budget_format.linear_weight_bytes(o, i, base) for o, i in shapes)  # type: ignore[union-attr]
+            return math.floor(self.bits_per_weight * sum(o * i for o, i in linears.values()) / 8)
+        return self.budget_format.linear_weights_bytes(linears, base)  # type: ignore[union-attr]
 
     def sensitivity(self, model: nn.Module, groups: list[ModuleGroup], calibration: Calibration | None,
                     heads: set[str] = frozenset()) -> dict[tuple[str, str], float]:
@@ -233,7 +233,7 @@ class MixedFormat(WeightFormat):
                 options[k].append(-1)
                 sizes[k].append(sum(_kept_head_bytes(model, n, base) for n in g.modules))
                 costs[k].append(0.0)
-        budget = self.budget_for([shapes[n] for g in groups for n in g.modules], base)
+        budget = self.budget_for({n: shapes[n] for g in groups for n in g.modules}, base)
         try:
             choice = choose(costs, sizes, budget)
         except InfeasibleBudget as e:

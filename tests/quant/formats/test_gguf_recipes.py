@@ -84,3 +84,29 @@ def test_the_export_is_llama_cpps_own_file_tensor_for_tensor(models, recipe: str
         assert np.array_equal(np.array(t.data), np.array(theirs[name].data)), name
         compared += 1
     assert compared == len(ours) - 1 == len(theirs) - 1
+
+
+def test_a_mix_over_ggml_types_holds_a_named_mixs_bytes_and_exports(models, tmp_path: Path) -> None:
+    """``mixed`` over GGUF types with ``budget_format: {format: gguf, recipe: Q4_K_M}``: the linears take at most
+    the bytes llama.cpp's Q4_K_M gives them, and the chosen mix writes a GGUF whose tensors hold those types."""
+    from quantlab.engine.memory import weight_bytes_analytic
+    from quantlab.quant.format import Calibration
+
+    model, source = models["tiny-stdlib-llama"]
+    recipe_model = copy.deepcopy(model)
+    quantize_(recipe_model, build_format({"format": "gguf", "recipe": "Q4_K_M"}))
+    budget = sum(m.kernel.analytic_nbytes() for n, m in recipe_model.named_modules()
+                 if isinstance(m, QuantizedLinear) and n != "lm_head")
+    mixed = build_format({"format": "mixed", "candidates": [{"format": "gguf", "type": t} for t in
+                                                            ("Q3_K", "Q4_K", "Q5_K", "Q6_K")],
+                          "budget_format": {"format": "gguf", "recipe": "Q4_K_M"}, "scan_tokens": 128,
+                          "export_to": "gguf"})
+    ours = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    quantize_(ours, mixed, Calibration([torch.randint(0, 4096, (1, 64), generator=g) for _ in range(4)]))
+    used = sum(m.kernel.analytic_nbytes() for m in ours.modules() if isinstance(m, QuantizedLinear))
+    assert 0.97 * budget <= used <= budget
+    assert weight_bytes_analytic(ours) < weight_bytes_analytic(model)
+    result = export_(ours, "gguf", tmp_path, source=source)
+    written = {info["type"] for info in result.tensors.values()}
+    assert written & {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q5_1", "Q8_0"} and result.max_abs_deviation == 0
