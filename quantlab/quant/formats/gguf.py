@@ -48,8 +48,9 @@ class GGUFFormat(QuantizedWeightFormat):
                                       "Q5_K_S ...): each linear and the output head in the type its rules give")
     imatrix: bool = Field(False, description="weigh the rounding by an importance matrix from the recipe's "
                           "calibration (llama-imatrix's per-column mean squared activation)")
-    kernel: Literal["auto", "ggml_cpu", "dequantize+matmul"] = Field(
-        "auto", description="auto: ggml_cpu on CPU (the blocks multiplied as stored), else dequantize+matmul")
+    kernel: Literal["auto", "ggml_q8_cpu", "ggml_cpu", "dequantize+matmul"] = Field(
+        "auto", description="auto: on CPU ggml_q8_cpu (decode rows as llama.cpp multiplies them: activations in 8-bit "
+        "blocks, ggml's integer dot products; AVX2) or else ggml_cpu (weight-only), elsewhere dequantize+matmul")
 
     _types: dict[str, str] | None = PrivateAttr(None)  # a recipe's type per module, once it has seen the model
 

@@ -1,5 +1,7 @@
 """ggml block types (GGUF's Q4_K, Q6_K, Q8_0 …): ggml's own quantizer and dequantizer, and on CPU the stored
-blocks multiplied as they are.
+blocks multiplied as they are: ``ggml_q8_cpu`` (``auto``'s choice where the CPU has AVX2) as llama.cpp's CPU
+backend multiplies, the activations of a decode step rounded to 8-bit blocks and ggml's integer dot products;
+``ggml_cpu`` weight-only, each block decoded to floats.
 
 ``quantize_ggml`` runs ggml's code (``native/ggml_quants.c``, taken from ggml), so a tensor gives the bytes
 llama.cpp's quantizer writes for it, with or without an importance matrix.
@@ -31,9 +33,22 @@ def _library() -> ctypes.CDLL:
     lib.ggml_quantize_rows.argtypes = [i, p, p, i64, i64, i64, p]
     lib.ggml_dequantize_rows.argtypes = [i, p, p, i64, i64, i64, i64]
     lib.ggml_matmul.argtypes = [i, p, p, p, i64, i64, i64, i64, i64, i64]
-    for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul):
+    lib.ggml_matmul_q8.argtypes = [i, p, p, p, i64, i64, i64, i64, p]
+    lib.ggml_q8_scratch_bytes.argtypes = [i, i64, i64]
+    lib.ggml_q8_scratch_bytes.restype = i64
+    lib.ggml_dot_available.argtypes = []
+    for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul, lib.ggml_matmul_q8,
+              lib.ggml_dot_available):
         f.restype = ctypes.c_int
     return lib
+
+
+def dot_products_available() -> bool:
+    """Whether ggml's integer dot products were built for this CPU (AVX2, FMA, F16C): ``ggml_q8_cpu``'s path."""
+    try:
+        return bool(_library().ggml_dot_available())
+    except UnsupportedError:
+        return False
 
 
 def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,6 +106,20 @@ def ggml_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.
     return y
 
 
+def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` times the weight as llama.cpp's CPU backend multiplies: each row of ``x`` rounded to the type's
+    8-bit activation blocks (Q8_0, Q8_1 or Q8_K), then ggml's integer dot product per output row."""
+    t = GGML_TYPES[ggml_type]
+    x = x.contiguous()
+    m, n_in = x.shape
+    lib = _library()
+    scratch = torch.empty(lib.ggml_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
+    y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
+    lib.ggml_matmul_q8(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
+                       blocks.shape[1], scratch.data_ptr())
+    return y
+
+
 def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
                     dtype: torch.dtype) -> torch.Tensor:
     """Rows ``[row0, row1)`` of the weight as ``dtype``."""
@@ -98,10 +127,16 @@ def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, 
 
 
 matmul_op = torch.library.custom_op("quantlab::ggml_matmul", ggml_matmul, mutates_args=())
+matmul_q8_op = torch.library.custom_op("quantlab::ggml_matmul_q8", ggml_matmul_q8, mutates_args=())
 dequantize_op = torch.library.custom_op("quantlab::ggml_dequantize", ggml_dequantize, mutates_args=())
 
 
 @matmul_op.register_fake
+def _(x, blocks, ggml_type):
+    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+
+
+@matmul_q8_op.register_fake
 def _(x, blocks, ggml_type):
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
@@ -141,3 +176,27 @@ class GGMLCPUKernel(FusedRowsKernel):
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
         return traced(ggml_dequantize, dequantize_op)(self.blocks, self.ggml_type, self.shape[1], row0, row1, dtype)
+
+
+@KERNELS.register
+class GGMLQ8CPUKernel(GGMLCPUKernel):
+    """ggml blocks multiplied as llama.cpp's CPU backend does for decode rows: the activations rounded to 8-bit
+    blocks (Q8_0, Q8_1, Q8_K by type) and ggml's own integer dot products (AVX2; vendored from ggml-cpu), so a
+    GGUF type decodes at the speed llama.cpp gives it. Longer inputs dequantize row blocks for the dense matmul,
+    as ``ggml_cpu`` does, so perplexity windows see the weights alone."""
+
+    path = "ggml_q8_cpu"
+    preference = 57
+
+    @classmethod
+    def supports(cls, q: GGMLBlockTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return super().supports(q, device, dtype)
+
+    def __init__(self, q: GGMLBlockTensor, dtype: torch.dtype) -> None:
+        super().__init__(q, dtype)
+        if not dot_products_available():
+            raise UnsupportedError("ggml's integer dot products are built for AVX2 with FMA and F16C; this CPU "
+                                   "lacks one of them")
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, self.ggml_type)

@@ -1,11 +1,18 @@
-"""The ggml block kernel: GGUF-typed weights multiplied as stored, against their dequantized reference."""
+"""The ggml block kernels: GGUF-typed weights multiplied as stored, against their dequantized reference, and
+(``ggml_q8_cpu``) as llama.cpp's CPU backend multiplies them, against its own dot products."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import rel_error
 from quantlab.quant.kernels.base import DequantKernel, choose_kernel
-from quantlab.quant.kernels.ggml import GGMLCPUKernel, quantize_ggml
+from quantlab.quant.kernels.ggml import (
+    GGMLCPUKernel,
+    GGMLQ8CPUKernel,
+    dot_products_available,
+    ggml_matmul_q8,
+    quantize_ggml,
+)
 from quantlab.quant.tensors.ggml_blocks import GGML_TYPES
 
 CPU = torch.device("cpu")
@@ -41,6 +48,66 @@ def test_matmul_agrees_with_the_dequantized_reference(kind: str, rows: int, dtyp
     assert rel_error(y.float(), F.linear(x.float(), q.dequantize())) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+needs_dot = pytest.mark.skipif(not dot_products_available(), reason="ggml's dot products need AVX2, FMA, F16C")
+
+
+@needs_dot
+@pytest.mark.parametrize("kind", TYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_8_bit_activation_product_agrees_within_its_rounding(kind: str, rows: int, dtype: torch.dtype) -> None:
+    n_in = 1536 if GGML_TYPES[kind].block == 256 else 576
+    q = quantize_ggml(_weight(96, n_in), kind)
+    kernel = GGMLQ8CPUKernel(q, dtype)
+    x = _x(n_in, rows, dtype)
+    y = kernel(x)
+    ref = F.linear(x.float(), q.dequantize())
+    assert y.dtype == dtype and y.shape == (rows, 96)
+    if rows > kernel.max_fused_rows:  # a prefill's rows: the dense matmul of the dequantized weight, unrounded
+        assert rel_error(y.float(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+        return
+    # activations rounded to 8 bits per block of 32 or 256: about 0.5-0.8% of the product (1.1% bound)
+    assert 1e-4 < rel_error(y.float(), ref) < (0.011 if dtype == torch.float32 else 0.015)
+
+
+@needs_dot
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("kind", TYPES)
+def test_the_8_bit_activation_product_is_llama_cpps_cpu_dot_product(kind: str) -> None:
+    import ctypes
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        pytest.skip("llama-cpp-python is not installed")
+    lib = ctypes.CDLL(str(Path(spec.origin).parent / "lib" / "libggml-cpu.so"))
+
+    class Traits(ctypes.Structure):  # ggml-cpu.h's struct ggml_type_traits_cpu
+        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                    ("nrows", ctypes.c_int64)]
+
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
+    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    lib.ggml_cpu_init()
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    n_in = 1536
+    q, x = quantize_ggml(_weight(64, n_in), kind), _x(n_in)
+    traits = lib.ggml_get_type_traits_cpu(GGML_TYPES[kind].ggml_id).contents
+    activations = np.zeros(2 * n_in, np.uint8)
+    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(
+        x.numpy().ctypes.data, activations.ctypes.data, n_in)
+    theirs, blocks = np.zeros(64, np.float32), q.blocks.numpy()
+    for r in range(64):
+        vec_dot(traits.vec_dot)(n_in, theirs[r:].ctypes.data, 0, blocks[r].ctypes.data, 0, activations.ctypes.data, 0, 1)
+    ours = ggml_matmul_q8(x, q.blocks, kind).numpy()[0]
+    assert np.abs(ours - theirs).max() <= 1e-6 * np.abs(theirs).max()  # the same sums (Q5_K: within 1 ulp)
+
+
 def test_bytes_held_are_the_blocks() -> None:
     for kind in ("Q4_K", "Q6_K", "Q8_0"):
         kernel = GGMLCPUKernel(quantize_ggml(_weight(), kind), torch.float32)
@@ -48,13 +115,15 @@ def test_bytes_held_are_the_blocks() -> None:
         assert held == kernel.analytic_nbytes() == 96 * 1536 // GGML_TYPES[kind].block * GGML_TYPES[kind].block_bytes
 
 
-def test_auto_takes_it_on_cpu_and_float16_rows_dequantize() -> None:
-    assert isinstance(choose_kernel(quantize_ggml(_weight(), "Q4_K"), CPU, torch.bfloat16), GGMLCPUKernel)
+def test_auto_takes_llama_cpps_product_where_the_cpu_has_it_and_float16_rows_dequantize() -> None:
+    chosen = choose_kernel(quantize_ggml(_weight(), "Q4_K"), CPU, torch.bfloat16)
+    assert type(chosen) is (GGMLQ8CPUKernel if dot_products_available() else GGMLCPUKernel)
     assert isinstance(choose_kernel(quantize_ggml(_weight(8, 100), "F16"), CPU, torch.float32), DequantKernel)
 
 
-def test_torch_compile_captures_the_ops_and_batched_inputs_keep_their_shape() -> None:
-    kernel = GGMLCPUKernel(quantize_ggml(_weight(), "Q4_K"), torch.float32)
+@pytest.mark.parametrize("cls", [GGMLCPUKernel, pytest.param(GGMLQ8CPUKernel, marks=needs_dot)])
+def test_torch_compile_captures_the_ops_and_batched_inputs_keep_their_shape(cls: type) -> None:
+    kernel = cls(quantize_ggml(_weight(), "Q4_K"), torch.float32)
     compiled = torch.compile(kernel, backend="aot_eager", fullgraph=True)
     for x in (_x(rows=1), _x(rows=20)):
         assert torch.allclose(compiled(x), kernel(x), rtol=1e-5, atol=1e-6)
