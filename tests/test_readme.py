@@ -15,7 +15,7 @@ def test_the_readme_recipe_example_is_a_valid_recipe(tmp_path: Path) -> None:
     (tmp_path / "recipe.yaml").write_text(block.group(1))
     shutil.copytree(ROOT / "evals", tmp_path / "evals")  # the example names a local lm-eval task folder
     recipe = load_recipe(tmp_path / "recipe.yaml")
-    assert len(recipe.variants()) == 7 * 5 and recipe.baseline_label == "fp32/kv-native"
+    assert len(recipe.variants()) == 9 * 5 and recipe.baseline_label == "fp32/kv-native"
 
 
 def test_the_readme_links_to_files_that_exist() -> None:
