@@ -14,15 +14,18 @@ from ..offload import execution_device
 
 
 class ImatrixAccumulator:
-    """Running ``Σ x_j²`` (float64) and the number of rows (tokens) seen by one linear."""
+    """Running ``Σ x_j²`` and ``Σ x_j`` (float64) and the number of rows (tokens) seen by one linear: what
+    llama-imatrix keeps per tensor (``in_sum2``, ``in_sum``, ``counts``)."""
 
     def __init__(self, n_in: int) -> None:
         self.sum_squares = torch.zeros(n_in, dtype=torch.float64)
+        self.sums = torch.zeros(n_in, dtype=torch.float64)
         self.rows = 0
 
     def add(self, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, x.shape[-1])
-        self.sum_squares += x.double().square().sum(0).cpu()
+        x = x.detach().reshape(-1, x.shape[-1]).double()
+        self.sum_squares += x.square().sum(0).cpu()
+        self.sums += x.sum(0).cpu()
         self.rows += x.shape[0]
 
     def mean(self) -> torch.Tensor:

@@ -5,7 +5,8 @@ rows are not whole blocks of it (``tensors/ggml_blocks.row_type``: Q4_K → Q5_0
 hidden size), so the bytes are those of the GGUF file llama.cpp would write, and the model exports to that
 file as it was measured. ``imatrix: true`` takes an importance matrix from the recipe's calibration (the
 unquantized model's mean squared input per column, as ``llama-imatrix`` computes it) and quantizes with it, as
-``llama-quantize --imatrix`` does.
+``llama-quantize --imatrix`` does; ``imatrix_path`` reads llama.cpp's imatrix file instead, or writes the collected
+one there (``io/imatrix.py``).
 """
 from __future__ import annotations
 
@@ -48,11 +49,20 @@ class GGUFFormat(QuantizedWeightFormat):
                                       "Q5_K_S ...): each linear and the output head in the type its rules give")
     imatrix: bool = Field(False, description="weigh the rounding by an importance matrix from the recipe's "
                           "calibration (llama-imatrix's per-column mean squared activation)")
+    imatrix_path: str | None = Field(None, description="a llama.cpp imatrix file (.gguf, or the older .dat): read "
+                                     "when it exists (llama-imatrix's, or one quantlab wrote), else the one collected "
+                                     "from the calibration is written there; with imatrix: true")
     kernel: Literal["auto", "ggml_q8_cpu", "ggml_cpu", "dequantize+matmul"] = Field(
         "auto", description="auto: on CPU ggml_q8_cpu (decode rows as llama.cpp multiplies them: activations in 8-bit "
         "blocks, ggml's integer dot products; AVX2) or else ggml_cpu (weight-only), elsewhere dequantize+matmul")
 
     _types: dict[str, str] | None = PrivateAttr(None)  # a recipe's type per module, once it has seen the model
+
+    @model_validator(mode="after")
+    def _imatrix_path_needs_imatrix(self) -> "GGUFFormat":
+        if self.imatrix_path is not None and not self.imatrix:
+            raise ValueError("imatrix_path: give imatrix: true too (the file is the importance matrix it uses)")
+        return self
 
     @model_validator(mode="after")
     def _type_or_recipe(self) -> "GGUFFormat":
@@ -138,16 +148,40 @@ class GGUFFormat(QuantizedWeightFormat):
         every selected linear its importance matrix (modules an override stores otherwise are already in theirs)."""
         from ..offload import onloaded, placed
 
-        sums = collect_imatrix(model, selected, calibration or []) if self.imatrix else {}
+        means, tokens = self._importance(model, selected, calibration) if self.imatrix else ({}, {})
         details: dict[str, Any] = {}
         for name in selected:
             old = model.get_submodule(name)
             with onloaded(old):
-                new = self._quantized(name, old, sums[name].mean() if name in sums else None)
+                new = self._quantized(name, old, means.get(name))
             model.set_submodule(name, placed(new, old))
             details[name] = {"ggml_type": new.settings["ggml_type"],
-                             **({"imatrix_tokens": sums[name].rows} if name in sums else {})}
+                             **({"imatrix_tokens": tokens[name]} if name in tokens else {}),
+                             **({"imatrix_file": self.imatrix_path} if name in means and self.imatrix_path else {})}
         return details
+
+    def _importance(self, model: nn.Module, selected: list[str], calibration: Calibration | None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """Each selected module's importance matrix (and the tokens it was collected over, where it was): read
+        from ``imatrix_path`` when that file exists (a module it has no entry for is quantized without one, as
+        llama-quantize does), else collected from the calibration and written there."""
+        from pathlib import Path
+
+        from ..io.gguf import linear_tensor_names
+        from ..io.imatrix import read_imatrix, write_imatrix
+
+        path = Path(self.imatrix_path) if self.imatrix_path else None
+        if path is not None and path.is_file():
+            names = linear_tensor_names(model)
+            found = read_imatrix(path)
+            return {n: found[names[n]] for n in selected if names.get(n) in found}, {}
+        sums = collect_imatrix(model, selected, calibration or [])
+        if path is not None:
+            names = linear_tensor_names(model)
+            samples = list(calibration or [])
+            write_imatrix(path, {names[n]: acc for n, acc in sums.items() if n in names}, ["quantlab calibration"],
+                          samples[0].shape[-1] if samples else 0)
+        return {n: acc.mean() for n, acc in sums.items()}, {n: acc.rows for n, acc in sums.items()}
 
 
 WEIGHT_FORMATS.register("gguf", "ggml block types as llama.cpp writes them (ggml's own quantizer); fields: type "

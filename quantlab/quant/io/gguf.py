@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
-from ..linear import linear_types, linear_weight
+from ..linear import QuantizedLinear, linear_types, linear_weight
 from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 from ..tensors.float_zero import FloatZeroTensor
@@ -240,6 +240,22 @@ def _arch_enum(arch: str) -> Any:
     import gguf
 
     return next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+
+
+def linear_tensor_names(model: nn.Module) -> dict[str, str]:
+    """Each linear module's GGUF tensor name (``model.layers.0.self_attn.q_proj`` → ``blk.0.attn_q.weight``), as
+    llama.cpp's converter names them for the model's architecture (the output head: ``output.weight``)."""
+    import gguf
+
+    config = model.config
+    names = gguf.get_tensor_name_map(_arch_enum(architecture(config, None)), config.num_hidden_layers)
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (*linear_types(), QuantizedLinear)):
+            stem = names.get_name(name)
+            if stem is not None:
+                found[name] = f"{stem}.weight"
+    return found
 
 
 def _deviation(blocks: np.ndarray, kind: str, q: WeightTensor) -> float:

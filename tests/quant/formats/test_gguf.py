@@ -2,6 +2,7 @@
 formula, and with ``imatrix`` an importance matrix from the calibration that lowers the error it weighs."""
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,3 +85,42 @@ def test_an_importance_matrix_lowers_the_error_it_weighs_over_the_model() -> Non
             (((model.get_submodule(n).dequantize_weight() - linear_weight(reference.get_submodule(n))) ** 2)
              * sums[n].mean()).sum().item() for n in names)
     assert weighted[True] < 0.9 * weighted[False]
+
+
+def test_the_importance_matrix_file_is_llama_cpps_layout_and_reads_back_to_the_same_blocks(tmp_path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from quantlab.quant.io.imatrix import read_imatrix
+
+    calibration, path = _calibration(), tmp_path / "imatrix.gguf"
+    written = _bundled()
+    fmt = build_format({"format": "gguf", "type": "Q4_K", "imatrix": True, "imatrix_path": str(path)})
+    quantize_(written, fmt, calibration)
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.type"].contents() == "imatrix" and "general.architecture" not in reader.fields
+    assert reader.fields["imatrix.chunk_size"].contents() == 64
+    tensors = {t.name: t for t in reader.tensors}
+    q = tensors["blk.0.attn_q.weight.in_sum2"]
+    assert q.tensor_type == gguf.GGMLQuantizationType.F32 and list(q.shape) == [256, 1]  # ggml's ne: [n, matrices]
+    assert float(np.array(tensors["blk.0.attn_q.weight.counts"].data).item()) == sum(s.numel() for s in calibration)
+    again = _bundled()  # read back instead of collected: the very same blocks
+    report = quantize_(again, fmt, calibration)
+    assert report.details["model.layers.0.self_attn.q_proj"]["imatrix_file"] == str(path)
+    for name, module in written.named_modules():
+        if isinstance(module, QuantizedLinear):
+            assert torch.equal(module.kernel.stored().blocks, again.get_submodule(name).kernel.stored().blocks), name
+    means = read_imatrix(path)
+    assert set(means) >= {"blk.5.ffn_down.weight", "blk.0.attn_v.weight"} and means["blk.5.ffn_down.weight"].shape == (640,)
+
+
+def test_the_older_dat_imatrix_reads_as_llama_quantize_reads_it(tmp_path) -> None:
+    """The legacy file: per entry the name, the chunk count and the mean squared input times that count."""
+    import struct
+
+    from quantlab.quant.io.imatrix import read_imatrix
+
+    mean = np.array([0.5, 2.0, 4.0], dtype=np.float32)
+    name = b"blk.0.attn_q.weight"
+    blob = struct.pack("<i", 1) + struct.pack("<i", len(name)) + name + struct.pack("<ii", 10, 3) + (mean * 10).tobytes()
+    blob += struct.pack("<i", 10) + struct.pack("<i", 4) + b"text"
+    (tmp_path / "old.dat").write_bytes(blob)
+    assert torch.allclose(read_imatrix(tmp_path / "old.dat")["blk.0.attn_q.weight"], torch.from_numpy(mean))
