@@ -70,6 +70,11 @@ FORMATS = {
     "fp4": ("fp4", BF16),
     "hqq4-g64": ("hqq", {"bits": 4, "group_size": 64, **BF16}),
     "fp8": ("fp8", BF16),
+    "gguf-q4_k_m": ("gguf", {"recipe": "Q4_K_M", **BF16}),  # llama.cpp's mix, ggml's blocks (ggml_q8_cpu)
+    "gguf-q4_k": ("gguf", {"type": "Q4_K", **BF16}),
+    "gguf-q6_k": ("gguf", {"type": "Q6_K", **BF16}),
+    "gguf-q8_0": ("gguf", {"type": "Q8_0", **BF16}),
+    "gguf-q3_k": ("gguf", {"type": "Q3_K", **BF16}),
 }
 DEFAULT_FORMATS = ["bf16", "int8", "int4-g128", "int4-g128-dequant"]
 

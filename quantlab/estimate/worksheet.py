@@ -127,17 +127,21 @@ def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -
     keep = fmt.unquantized_dtype(base)
     head = fmt.head_format(inventory.head_module) if inventory.head_module else None
     total = quantized_params = quantized_bytes = 0
+    by_format: dict[int, tuple[WeightFormat, dict[str, tuple[int, int]]]] = {}
     for t in inventory.tensors:
         module_format = fmt.format_for(t.name.rsplit(".", 1)[0]) if t.quantizable else head if t.head else None
         if module_format is not None and t.head and t.component == "embeddings":
             total += t.numel * keep.itemsize  # tied: the table stays for the lookup, the head gets its own copy
         if module_format is not None:
-            b = module_format.linear_weight_bytes(t.shape[0], t.shape[1], base)
+            module = t.name.rsplit(".", 1)[0] if t.quantizable else inventory.head_module
+            by_format.setdefault(id(module_format), (module_format, {}))[1][module] = (t.shape[0], t.shape[1])
             quantized_params += t.numel
-            quantized_bytes += b
-            total += b
         else:
             total += t.numel * keep.itemsize
+    for module_format, linears in by_format.values():  # each format's linears at once: a named mix reads their roles
+        b = module_format.linear_weights_bytes(linears, base)
+        quantized_bytes += b
+        total += b
     for name, numel, dtype in inventory.buffers:  # e.g. an embedding scale, cast with the model
         if not dtype.is_floating_point:
             kept = dtype.itemsize

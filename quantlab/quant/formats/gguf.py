@@ -117,7 +117,7 @@ class GGUFFormat(QuantizedWeightFormat):
                                      heads[0] if heads else None)
 
     def head_format(self, head: str) -> "GGUFFormat | None":
-        if self.recipe is not None and self._types is not None and head in self._types:
+        if self.recipe is not None:
             return self.format_for(head)  # llama.cpp's mixes quantize the output matrix
         return super().head_format(head)  # type: ignore[return-value]
 

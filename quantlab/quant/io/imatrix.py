@@ -9,6 +9,7 @@ squared input ``llama-quantize`` weighs the rounding with (``in_sum2 / counts``)
 """
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ def write_imatrix(path: str | Path, sums: dict[str, ImatrixAccumulator], dataset
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), arch="")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # renamed into place whole
+    writer = gguf.GGUFWriter(str(partial), arch="")
     writer.kv_data[0].pop(gguf.Keys.General.ARCHITECTURE, None)  # llama-imatrix's file names no architecture
     writer.add_string("general.type", GENERAL_TYPE)
     writer.add_array("imatrix.datasets", datasets)
@@ -44,6 +46,7 @@ def write_imatrix(path: str | Path, sums: dict[str, ImatrixAccumulator], dataset
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    os.replace(partial, path)
     return path
 
 

@@ -110,3 +110,16 @@ def test_a_mix_over_ggml_types_holds_a_named_mixs_bytes_and_exports(models, tmp_
     result = export_(ours, "gguf", tmp_path, source=source)
     written = {info["type"] for info in result.tensors.values()}
     assert written & {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q5_1", "Q8_0"} and result.max_abs_deviation == 0
+
+
+@pytest.mark.parametrize("recipe", ["Q4_K_M", "Q3_K_M", "Q6_K"])
+def test_the_estimate_from_the_config_is_the_bytes_the_model_holds(models, recipe: str) -> None:
+    from quantlab.engine.memory import weight_bytes
+    from quantlab.estimate.inventory import from_implementation
+    from quantlab.estimate.worksheet import weight_payload
+
+    model = copy.deepcopy(models["tiny-stdlib-llama"][0])
+    fmt = build_format({"format": "gguf", "recipe": recipe})
+    estimated = weight_payload(from_implementation(model.config), fmt, torch.float32).bytes
+    quantize_(model, fmt)
+    assert estimated == weight_bytes(model)
