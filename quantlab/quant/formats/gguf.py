@@ -21,20 +21,12 @@ from ..format import WEIGHT_FORMATS, Calibration, QuantizedWeightFormat
 from ..kernels.ggml import quantize_ggml
 from ..linear import QuantizedLinear, linear_weight
 from ..tensors.ggml_blocks import GGML_TYPES, GGMLBlockTensor, row_type
-from .gguf_recipes import RECIPES, TensorRole, category, layer_of, recipe_types
+from .gguf_recipes import RECIPES, TensorRole, category, heads_per_kv_head, layer_of, recipe_types
 
 GGMLTypeName = Literal["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
                        "IQ4_XS"]
 RecipeName = Literal["Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0",
                      "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS"]
-
-
-def heads_per_kv_head(linears: dict[str, tuple[int, int]]) -> int:
-    """Query heads per key/value head (llama.cpp's n_gqa), from the first layer's q and v projection rows (1
-    where the model has no separate ones)."""
-    q = next((o for n, (o, _) in linears.items() if category(n) == "attn_q"), None)
-    v = next((o for n, (o, _) in linears.items() if category(n) == "attn_v"), None)
-    return max(1, q // v) if q and v else 1
 
 
 class GGUFFormat(QuantizedWeightFormat):
@@ -73,7 +65,7 @@ class GGUFFormat(QuantizedWeightFormat):
 
     @property
     def needs_calibration(self) -> bool:
-        return self.imatrix or any(o.format.requires_calibration for o in self.overrides)
+        return self.imatrix or super().needs_calibration
 
     @property
     def calibrates_head(self) -> bool:
@@ -93,15 +85,15 @@ class GGUFFormat(QuantizedWeightFormat):
             raise NotImplementedError("a named mix gives each tensor its type by its role and layer")
         return GGMLBlockTensor.analytic_nbytes((out_features, in_features), row_type(self.type, in_features))
 
-    def types_for(self, linears: dict[str, tuple[int, int]], head: str | None = None) -> dict[str, str]:
-        """The ggml type of each linear (module name → ``(out, in)``; ``head``: the output head's name)."""
-        if self.recipe is None:
-            return {n: row_type(self.type, i) for n, (_, i) in linears.items()}  # type: ignore[arg-type]
+    def recipe_types_for(self, linears: dict[str, tuple[int, int]], head: str | None = None) -> dict[str, str]:
+        """The ggml type the recipe gives each linear (module name → ``(out, in)``; ``head``: the output head)."""
         roles = [TensorRole(n, category(n, head), layer_of(n), i) for n, (_, i) in linears.items()]
-        return recipe_types(self.recipe, roles, heads_per_kv_head(linears), self.imatrix)
+        return recipe_types(self.recipe, roles, heads_per_kv_head(linears), self.imatrix)  # type: ignore[arg-type]
 
     def linear_weights_bytes(self, linears: dict[str, tuple[int, int]], base: torch.dtype) -> int:
-        types = self.types_for(linears)
+        if self.recipe is None:
+            return super().linear_weights_bytes(linears, base)
+        types = self.recipe_types_for(linears)
         return sum(GGMLBlockTensor.analytic_nbytes(shape, types[n]) for n, shape in linears.items())
 
     def prepare_model_(self, model: nn.Module) -> None:
@@ -113,8 +105,8 @@ class GGUFFormat(QuantizedWeightFormat):
 
         heads = default_exclude(model)
         names = select_linears(model)[0] + heads
-        self._types = self.types_for({n: tuple(linear_weight(model.get_submodule(n)).shape) for n in names},
-                                     heads[0] if heads else None)
+        self._types = self.recipe_types_for({n: tuple(linear_weight(model.get_submodule(n)).shape) for n in names},
+                                            heads[0] if heads else None)
 
     def head_format(self, head: str) -> "GGUFFormat | None":
         if self.recipe is not None:
@@ -171,13 +163,12 @@ class GGUFFormat(QuantizedWeightFormat):
         from ..io.imatrix import read_imatrix, write_imatrix
 
         path = Path(self.imatrix_path) if self.imatrix_path else None
+        names = linear_tensor_names(model) if path is not None else {}
         if path is not None and path.is_file():
-            names = linear_tensor_names(model)
             found = read_imatrix(path)
             return {n: found[names[n]] for n in selected if names.get(n) in found}, {}
         sums = collect_imatrix(model, selected, calibration or [])
         if path is not None:
-            names = linear_tensor_names(model)
             samples = list(calibration or [])
             write_imatrix(path, {names[n]: acc for n, acc in sums.items() if n in names}, ["quantlab calibration"],
                           samples[0].shape[-1] if samples else 0)
@@ -185,6 +176,7 @@ class GGUFFormat(QuantizedWeightFormat):
 
 
 WEIGHT_FORMATS.register("gguf", "ggml block types as llama.cpp writes them (ggml's own quantizer); fields: type "
-                        "(Q2_K … Q6_K, Q4_0 … Q8_0, IQ4_NL, IQ4_XS), imatrix, compute_dtype, kernel")(GGUFFormat)
+                        "(Q2_K … Q6_K, Q4_0 … Q8_0, IQ4_NL, IQ4_XS) | recipe (llama.cpp's named mixes: Q4_K_M ...), "
+                        "imatrix, imatrix_path, compute_dtype, kernel")(GGUFFormat)
 
 assert set(GGMLTypeName.__args__) <= set(GGML_TYPES) and set(RecipeName.__args__) == set(RECIPES)  # type: ignore[attr-defined]

@@ -52,6 +52,14 @@ def layer_of(module: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def heads_per_kv_head(linears: dict[str, tuple[int, int]]) -> int:
+    """Query heads per key/value head (llama.cpp's n_gqa), from the first q and v projection's rows (1 where the
+    model has no separate ones)."""
+    q = next((o for n, (o, _) in linears.items() if category(n) == "attn_q"), None)
+    v = next((o for n, (o, _) in linears.items() if category(n) == "attn_v"), None)
+    return max(1, q // v) if q and v else 1
+
+
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
@@ -60,8 +68,8 @@ def recipe_types(recipe: str, roles: list[TensorRole], n_gqa: int, has_imatrix: 
     """The ggml type llama.cpp's quantizer writes for each tensor under the file type ``recipe``. Counts per
     category run in layer order, as llama.cpp's counters do over a file written layer by layer."""
     default = RECIPES[recipe]
-    counts = {cat: sum(r.category == cat for r in roles) for cat in ("attn_v", "attn_qkv", "ffn_down")}
-    n_attn_v = counts["attn_v"] + counts["attn_qkv"]
+    n_attn_v = sum(r.category in ATTN_V_LIKE for r in roles)
+    n_ffn_down = sum(r.category == "ffn_down" for r in roles)
     seen_v = 0
     types: dict[str, str] = {}
     for role in sorted(roles, key=lambda r: (r.layer if r.layer is not None else -1, r.name)):
@@ -72,7 +80,7 @@ def recipe_types(recipe: str, roles: list[TensorRole], n_gqa: int, has_imatrix: 
             kind = _attn_v(recipe, default, seen_v, n_attn_v, n_gqa)
             seen_v += 1
         elif cat == "ffn_down":
-            kind = _ffn_down(recipe, default, role.layer or 0, counts["ffn_down"], has_imatrix)
+            kind = _ffn_down(recipe, default, role.layer or 0, n_ffn_down, has_imatrix)
         elif cat == "attn_output":
             kind = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(recipe, default)
         types[role.name] = row_type(kind, role.n_in)

@@ -175,7 +175,7 @@ class GGUFExporter(Exporter):
         config = model.config
         reader = _reader(source) if source is not None and source.suffix == ".gguf" else None
         arch = architecture(config, reader)
-        names = gguf.get_tensor_name_map(_arch_enum(arch), config.num_hidden_layers)
+        names = _name_map(arch, config)
         path = folder / GGUF_FILE
         writer = gguf.GGUFWriter(str(path), arch)
         result = ExportResult("gguf", folder, [GGUF_FILE])
@@ -236,19 +236,18 @@ class GGUFExporter(Exporter):
         return result
 
 
-def _arch_enum(arch: str) -> Any:
+def _name_map(arch: str, config: Any) -> Any:
+    """gguf-py's transformers → GGUF tensor name map for llama.cpp's architecture ``arch``."""
     import gguf
 
-    return next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    return gguf.get_tensor_name_map(enum, config.num_hidden_layers)
 
 
 def linear_tensor_names(model: nn.Module) -> dict[str, str]:
     """Each linear module's GGUF tensor name (``model.layers.0.self_attn.q_proj`` → ``blk.0.attn_q.weight``), as
     llama.cpp's converter names them for the model's architecture (the output head: ``output.weight``)."""
-    import gguf
-
-    config = model.config
-    names = gguf.get_tensor_name_map(_arch_enum(architecture(config, None)), config.num_hidden_layers)
+    names = _name_map(architecture(model.config, None), model.config)
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, (*linear_types(), QuantizedLinear)):
@@ -259,8 +258,12 @@ def linear_tensor_names(model: nn.Module) -> dict[str, str]:
 
 
 def _deviation(blocks: np.ndarray, kind: str, q: WeightTensor) -> float:
-    """Largest ``|llama.cpp's dequantization − quantlab's|`` over the tensor (gguf-py's reference decoder)."""
+    """Largest ``|llama.cpp's dequantization − quantlab's|`` over the tensor (gguf-py's reference decoder); none for
+    ggml blocks, which are written as they are held."""
     import gguf
+
+    if isinstance(q, GGMLBlockTensor):
+        return 0.0
 
     theirs = gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
     return float(np.abs(theirs - q.dequantize(torch.float32).numpy()).max())

@@ -6,10 +6,10 @@ backend multiplies, the activations of a decode step rounded to 8-bit blocks and
 ``quantize_ggml`` runs ggml's code (``native/ggml_quants.c``, taken from ggml), so a tensor gives the bytes
 llama.cpp's quantizer writes for it, with or without an importance matrix.
 
-A decode step's few rows go through ``ggml_matmul`` (``native/ggml_quants.c``): each output row's blocks are
-decoded a chunk at a time by ggml's own dequantizer into scratch and multiplied by the activations, so the bytes
-read are the GGUF tensor's. Longer inputs dequantize a block of output rows at a time for the dense matmul. Both
-are registered torch ops, so the path also runs inside ``torch.compile``.
+A decode step's few rows read the GGUF tensor's bytes as they are: ``ggml_matmul_q8`` through ggml's dot
+products, ``ggml_matmul`` through ggml's dequantizer a chunk of each output row at a time into scratch. Longer
+inputs dequantize a block of output rows at a time for the dense matmul. All are registered torch ops, so the
+paths also run inside ``torch.compile``.
 """
 from __future__ import annotations
 
@@ -71,10 +71,8 @@ def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | Non
 
 
 def dequantize_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int, rows: slice = slice(None)) -> torch.Tensor:
-    """The float32 weights ``[rows, in]`` of ggml blocks (ggml's dequantizer)."""
+    """The float32 weights ``[rows, in]`` of ggml blocks of a block type (ggml's dequantizer)."""
     t = GGML_TYPES[ggml_type]
-    if ggml_type == FLOAT_SUBSTITUTE:
-        return blocks[rows].contiguous().view(torch.float16).float()
     start, stop, _ = rows.indices(blocks.shape[0])
     source = blocks.to("cpu").contiguous()
     out = torch.empty(max(stop - start, 0), n_in, dtype=torch.float32)
@@ -112,12 +110,17 @@ def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> tor
     t = GGML_TYPES[ggml_type]
     x = x.contiguous()
     m, n_in = x.shape
-    lib = _library()
-    scratch = torch.empty(lib.ggml_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
+    scratch = torch.empty(_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
     y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
-    lib.ggml_matmul_q8(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
+    _library().ggml_matmul_q8(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
                        blocks.shape[1], scratch.data_ptr())
     return y
+
+
+@functools.cache
+def _q8_scratch_bytes(ggml_id: int, m: int, n_in: int) -> int:
+    """Bytes of ``m`` rows of ``n_in`` activations in the type's 8-bit blocks (asked of the C code once per shape)."""
+    return int(_library().ggml_q8_scratch_bytes(ggml_id, m, n_in))
 
 
 def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
@@ -153,7 +156,6 @@ class GGMLCPUKernel(FusedRowsKernel):
     path = "ggml_cpu"
     preference = 58
     tensor_type: ClassVar[type] = GGMLBlockTensor
-    max_fused_rows: ClassVar[int] = 8
 
     @classmethod
     def supports(cls, q: GGMLBlockTensor, device: torch.device, dtype: torch.dtype) -> bool:
@@ -187,10 +189,6 @@ class GGMLQ8CPUKernel(GGMLCPUKernel):
 
     path = "ggml_q8_cpu"
     preference = 57
-
-    @classmethod
-    def supports(cls, q: GGMLBlockTensor, device: torch.device, dtype: torch.dtype) -> bool:
-        return super().supports(q, device, dtype)
 
     def __init__(self, q: GGMLBlockTensor, dtype: torch.dtype) -> None:
         super().__init__(q, dtype)

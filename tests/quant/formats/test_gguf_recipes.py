@@ -13,6 +13,7 @@ from quantlab import export_, quantize_
 from quantlab.paths import BUNDLED_DIR
 from quantlab.quant.format import build_format
 from quantlab.quant.formats.gguf_recipes import RECIPES, use_more_bits
+from quantlab.quant.io.gguf import linear_tensor_names
 from quantlab.quant.linear import QuantizedLinear
 from tests.quant.formats.gguf_recipe_reference.make import llama_cpp_types, thirty_two_layers
 
@@ -34,15 +35,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch.nn
 def _gguf_types(model: torch.nn.Module) -> dict[str, str]:
     """quantlab's stored type of each quantized linear, by its GGUF tensor name (a tied head as llama.cpp's
     token_embd, which serves as its output matrix)."""
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
-    out = {}
-    for name, module in model.named_modules():
-        if isinstance(module, QuantizedLinear):
-            key = names.get_name(name)
-            if key == "output" and model.config.tie_word_embeddings:
-                key = "token_embd"
-            out[f"{key}.weight"] = module.kernel.stored().ggml_type
-    return out
+    tied = {"output.weight": "token_embd.weight"} if model.config.tie_word_embeddings else {}
+    return {tied.get(key, key): model.get_submodule(name).kernel.stored().ggml_type
+            for name, key in linear_tensor_names(model).items()
+            if isinstance(model.get_submodule(name), QuantizedLinear)}
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))

@@ -1,5 +1,6 @@
 """The ggml block kernels: GGUF-typed weights multiplied as stored, against their dequantized reference, and
 (``ggml_q8_cpu``) as llama.cpp's CPU backend multiplies them, against its own dot products."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from quantlab.quant.kernels.ggml import (
     quantize_ggml,
 )
 from quantlab.quant.tensors.ggml_blocks import GGML_TYPES
+from tests.quant.tensors.ggml_llama_cpp import llama_cpp_cpu_product
 
 CPU = torch.device("cpu")
 TYPES = [t for t in GGML_TYPES if t != "F16"]
@@ -74,36 +76,11 @@ def test_the_8_bit_activation_product_agrees_within_its_rounding(kind: str, rows
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("kind", TYPES)
 def test_the_8_bit_activation_product_is_llama_cpps_cpu_dot_product(kind: str) -> None:
-    import ctypes
-    import importlib.util
-    from pathlib import Path
-
-    import numpy as np
-
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        pytest.skip("llama-cpp-python is not installed")
-    lib = ctypes.CDLL(str(Path(spec.origin).parent / "lib" / "libggml-cpu.so"))
-
-    class Traits(ctypes.Structure):  # ggml-cpu.h's struct ggml_type_traits_cpu
-        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
-                    ("nrows", ctypes.c_int64)]
-
-    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
-    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
-    lib.ggml_cpu_init()
-    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                               ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     n_in = 1536
     q, x = quantize_ggml(_weight(64, n_in), kind), _x(n_in)
-    traits = lib.ggml_get_type_traits_cpu(GGML_TYPES[kind].ggml_id).contents
-    activations = np.zeros(2 * n_in, np.uint8)
-    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(
-        x.numpy().ctypes.data, activations.ctypes.data, n_in)
-    theirs, blocks = np.zeros(64, np.float32), q.blocks.numpy()
-    for r in range(64):
-        vec_dot(traits.vec_dot)(n_in, theirs[r:].ctypes.data, 0, blocks[r].ctypes.data, 0, activations.ctypes.data, 0, 1)
+    theirs = llama_cpp_cpu_product(GGML_TYPES[kind].ggml_id, q.blocks.numpy(), x.numpy()[0])
+    if theirs is None:
+        pytest.skip("llama-cpp-python is not installed")
     ours = ggml_matmul_q8(x, q.blocks, kind).numpy()[0]
     assert np.abs(ours - theirs).max() <= 1e-6 * np.abs(theirs).max()  # the same sums (Q5_K: within 1 ulp)
 

@@ -9,11 +9,16 @@ from pathlib import Path
 import numpy as np
 
 
-def ggml_library() -> ctypes.CDLL | None:
+def _lib_dir() -> Path | None:
     spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent / "lib"
+
+
+def ggml_library() -> ctypes.CDLL | None:
+    folder = _lib_dir()
+    if folder is None:
         return None
-    lib = ctypes.CDLL(str(Path(spec.origin).parent / "lib" / "libggml-base.so"))
+    lib = ctypes.CDLL(str(folder / "libggml-base.so"))
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ggml_quantize_chunk.argtypes = [i, p, p, i64, i64, i64, p]
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
@@ -32,4 +37,35 @@ def llama_cpp_blocks(lib: ctypes.CDLL, ggml_id: int, x: np.ndarray, imatrix: np.
     weights = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
     lib.ggml_quantize_chunk(ggml_id, x.ctypes.data, out.ctypes.data, 0, rows, n,
                             None if weights is None else weights.ctypes.data)
+    return out
+
+
+class _CPUTraits(ctypes.Structure):  # ggml-cpu.h's struct ggml_type_traits_cpu
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+
+
+def llama_cpp_cpu_product(ggml_id: int, blocks: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    """``x`` (float32 ``[n]``) times each row of ``blocks`` as llama.cpp's CPU backend computes it: ``x`` in the
+    type's activation blocks (its ``from_float``), then its ``vec_dot`` per row; ``None`` without llama-cpp-python."""
+    folder = _lib_dir()
+    if folder is None:
+        return None
+    lib = ctypes.CDLL(str(folder / "libggml-cpu.so"))
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_CPUTraits)
+    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    lib.ggml_cpu_init()
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                               ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.size
+    traits = lib.ggml_get_type_traits_cpu(ggml_id).contents
+    activations = np.zeros(2 * n, np.uint8)
+    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(x.ctypes.data,
+                                                                                      activations.ctypes.data, n)
+    out = np.zeros(blocks.shape[0], np.float32)
+    for r in range(blocks.shape[0]):
+        row = np.ascontiguousarray(blocks[r])
+        vec_dot(traits.vec_dot)(n, out[r:].ctypes.data, 0, row.ctypes.data, 0, activations.ctypes.data, 0, 1)
     return out
