@@ -4,10 +4,11 @@ Registered with transformers as ``quantlab`` (``AttentionInterface`` and its mas
 name. A decode step (at most ``DECODE_ROWS`` query rows) multiplies each key/value head's group of query heads
 at once: the keys and values are read once per step instead of once per query head, and nothing is copied
 (``repeat_kv`` and SDPA's CPU kernel, whose setup cost grows with the cached positions, are both avoided; at
-2,048 positions the eager engine's step fell from 43 to 19 ms on SmolLM2-135M). ``quantlab-fused`` (for a cache
-whose keys and values are computed from codes) lets a static layer that reads its own codes attend for a decode
-row (``kv/code_attention.py``: the stored bytes read once in C; the forward passes its cache as
-``quantlab_cache``), and otherwise writes the products under ``torch.compile`` as broadcast multiply-and-sum, so
+2,048 positions the eager engine's step fell from 43 to 19 ms on SmolLM2-135M). A static layer that reads its own codes
+attends for a decode row under either name (``kv/code_attention.py``: the stored bytes read once in C; the forward
+passes its cache as ``quantlab_cache``, and ``mark_code_attention`` tells the layers, which then skip building the
+keys and values nobody reads). ``quantlab-fused`` (for a cache whose keys and values are computed from codes)
+otherwise writes the products under ``torch.compile`` as broadcast multiply-and-sum, so
 inductor fuses the dequantization into the attention's loops. Longer inputs (a prefill) go to SDPA, causal where transformers skips the
 mask, which is 3x faster than the plain matmuls at 2,048 tokens.
 """
@@ -30,6 +31,15 @@ def _code_layer(module: torch.nn.Module, kwargs: dict[str, object]) -> object | 
     return layer if getattr(layer, "reads_codes", False) else None
 
 
+def mark_code_attention(model: torch.nn.Module, cache: object) -> None:
+    """Tell ``cache``'s layers that read their codes whether the model's attention in effect is quantlab's (which
+    then attends over the stores itself for a decode row, so the layer skips building keys and values)."""
+    ours = getattr(model.config, "_attn_implementation", None) in (NAME, FUSED_NAME)
+    for layer in getattr(cache, "layers", ()):
+        if hasattr(layer, "reads_codes"):
+            layer.codes_attended = ours
+
+
 def _scores_fused(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """``[b, hkv, g, q, t]`` scores as one reduction over the head dimension (fuses with key producers)."""
     return (query.unsqueeze(-2).float() * key[:, :, None, None].float()).sum(-1)
@@ -50,7 +60,7 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    layer = _code_layer(module, kwargs) if fuse and q == 1 else None
+    layer = _code_layer(module, kwargs) if q == 1 else None
     if layer is not None:
         from ..kv.code_attention import attend
 

@@ -2,7 +2,9 @@
 
 Engine ``eager``: a greedy loop over ``model.forward`` with the KV format's (dynamic) cache, as
 transformers' ``generate`` runs it, without its logits processors, with quantlab's grouped attention
-(``attention.py``) where the architecture takes it. Engine ``compiled``: the same loop
+(``attention.py``) where the architecture takes it; a format whose stored codes that attention reads
+(``kv/code_attention.py``) runs its static layers, sized for the generation, so a decode row reads the codes
+as the compiled step does instead of rebuilding the dequantized history. Engine ``compiled``: the same loop
 with a static cache and a ``torch.compile``d decode step (``compiled.py``), as transformers' auto-compiled
 generation does; compilation happens in the warm-up and is timed apart from it (``compile_s``).
 """
@@ -19,8 +21,9 @@ from torch import nn
 
 from ..errors import UnsupportedError
 from ..kv import KVFormat
+from ..kv.code_attention import available as code_attention_available
 from ..kv.hf_compat import cache_kwarg
-from .attention import CACHE_KWARG
+from .attention import CACHE_KWARG, mark_code_attention
 from .compiled import (
     ATTENTION,
     FUSED_ATTENTION,
@@ -93,6 +96,8 @@ class Generation:
 
     @torch.inference_mode()
     def _next(self, forward: Callable[..., Any], ids: torch.Tensor) -> torch.Tensor:
+        if self.extra:
+            mark_code_attention(self.model, self.cache)
         positions = torch.arange(self.position, self.position + ids.shape[1], device=ids.device)
         logits = forward(input_ids=ids, use_cache=True, cache_position=positions, **{self.arg: self.cache},
                          **self.extra).logits
@@ -133,10 +138,13 @@ class DecodeEngine:
             raise ValueError("the compiled engine decodes over a static cache: give max_cache_len")
         self.model, self.kv, self.device, self.name = model, kv, device, engine
         self.compiled = engine == "compiled"
-        self.max_cache_len = max_cache_len if self.compiled else None
+        # eager: static layers where the format has them and the attention reads their codes (a known length)
+        codes = (kv.dequantizes_on_read and max_cache_len is not None and code_attention_available()
+                 and kv_static_problem(kv, model) is None)
+        self.max_cache_len = max_cache_len if self.compiled or codes else None
         self.options: dict[str, Any] = ({**compile_options(device), **(options or {})} if self.compiled
                                         else {"attention": ATTENTION, **(options or {})})
-        if self.compiled and self.options.get("attention") == ATTENTION and kv.dequantizes_on_read:
+        if self.options.get("attention") == ATTENTION and kv.dequantizes_on_read and self.max_cache_len is not None:
             self.options["attention"] = FUSED_ATTENTION
         self.step: Callable[..., Any] | None = None
         self._context = contextlib.ExitStack()
@@ -195,7 +203,7 @@ def measure_decode(
             return result
         except COMPILE_ERRORS as e:
             reason = f"the step did not compile ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-    with DecodeEngine(model, kv, device, "eager") as decode:
+    with DecodeEngine(model, kv, device, "eager", prompt_tokens + new_tokens) as decode:
         result = _measure_decode(decode, **kwargs)
     result.engine_options["engine_choice"] = f"auto: eager, {reason}"
     return result
@@ -253,9 +261,10 @@ def _measure_decode(
            if decode_peak.by_device else {}),
         "kv_cache_bytes": kv.cache_bytes(gen.cache),
         "kv_cache_bytes_analytic": kv.cache_bytes_analytic(model.config, batch_size, prompt_tokens + new_tokens, dtype,
-                                                           static=decode.compiled),
+                                                           static=decode.max_cache_len is not None),
         "kv_cache_tokens": prompt_tokens + new_tokens,
     }
     options = dict(decode.options) if decode.compiled else {
-        "cache": type(gen.cache).__name__, "compiled": False, **decode.options}
+        "cache": type(gen.cache).__name__, "compiled": False, **decode.options,
+        **({"kv_layers": "static: global layers' decode rows read the stored codes"} if decode.max_cache_len is not None else {})}
     return DecodeResult(statistics.median(prefills), steps, memory, decode.name, options, load[0].record())

@@ -152,6 +152,7 @@ class _StaticPacked:
         self.block = max(key_codec.block, value_codec.block)
         self.key_store = self.value_store = None
         self._reads_codes = False
+        self.codes_attended = False  # set by the engine: the attention in effect reads the stores itself
 
     def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, ring: int, slots: int) -> None:
         b, h, _, d = key_states.shape
@@ -273,6 +274,8 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
         else:
             self._prefill(key_states, value_states)
         self.cumulative_length.add_(n)
+        if n == 1 and self.codes_attended and self.reads_codes:  # the attention reads the stores: nothing to build
+            return self.keys, self.values
         positions = torch.arange(self.max_cache_len, device=self.device)
         return self._gather(positions, self._stored_end(self.cumulative_length), key_states.dtype, None)
 

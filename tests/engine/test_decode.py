@@ -9,19 +9,56 @@ from quantlab.extend import KV_FORMATS
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("kv,cache_class", [(KV_FORMATS["native"].build(), "DynamicCache"),
-                                            (KV_FORMATS["int4"].build(group_size=32, residual_tokens=8), "Cache")])
-def test_decode_record_names_the_cache_it_used_and_keeps_every_step(kv, cache_class: str) -> None:
+STATIC_CODES = "static: global layers' decode rows read the stored codes"
+
+
+@pytest.mark.parametrize("kv,options", [
+    (KV_FORMATS["native"].build(), {"cache": "DynamicCache", "compiled": False, "attention": "quantlab"}),
+    (KV_FORMATS["int4"].build(group_size=32, residual_tokens=8),
+     {"cache": "Cache", "compiled": False, "attention": "quantlab-fused", "kv_layers": STATIC_CODES})])
+def test_decode_record_names_the_cache_it_used_and_keeps_every_step(kv, options: dict) -> None:
     model = make_llama()
     result = measure_decode(model, kv, batch_size=2, prompt_tokens=16, new_tokens=6, warmup_runs=1,
-                            prefill_repeats=2, seed=0, device=CPU)
+                            prefill_repeats=2, seed=0, device=CPU, engine="eager")
     record = result.record(2)
-    assert record["engine"] == "eager" and record["engine_options"] == {"cache": cache_class, "compiled": False,
-                                                                        "attention": "quantlab"}
+    assert record["engine"] == "eager" and record["engine_options"] == options
     assert len(record["decode_ms_samples"]) == record["decode_steps"] == 6
     assert record["decode_ms_p10"] <= record["decode_ms_per_token"] <= record["decode_ms_p90"]
     assert record["tokens_per_s"] == pytest.approx(2 * 1000 / record["decode_ms_per_token"], rel=1e-3)
     assert record["kv_cache_bytes"] == record["kv_cache_bytes_analytic"] and record["kv_cache_tokens"] == 22
+
+
+def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuilding_the_history(monkeypatch) -> None:
+    # A decode row of a global layer goes through the C attention over the stored codes; no store is dequantized
+    # (CodeStore.read) after the prefill, and the logits are those of the dynamic layers' dequantized history.
+    from quantlab.engine.decode import DecodeEngine, Generation
+    from quantlab.kv import code_attention
+    from quantlab.kv.static import CodeStore
+
+    model, kv = make_llama(), KV_FORMATS["int4"].build(group_size=32, residual_tokens=4)
+    ids = torch.arange(1, 17).unsqueeze(0) * 7 % model.config.vocab_size
+    want = Generation(model, kv, CPU)  # dynamic layers, model attention
+    want.prefill(ids)
+    want_logits = [want.logits.clone()]
+    for _ in range(6):
+        want.decode(1)
+        want_logits.append(want.logits.clone())
+    reads, kernel = [], []
+    read, call = CodeStore.read, code_attention._call
+    monkeypatch.setattr(CodeStore, "read", lambda self, dtype: reads.append(1) or read(self, dtype))
+    monkeypatch.setattr(code_attention, "_call", lambda *a: kernel.append(a[0]) or call(*a))
+    with DecodeEngine(model, kv, CPU, "eager", 16 + 6) as decode:
+        gen = decode.generation()
+        gen.prefill(ids)
+        got_logits = [gen.logits.clone()]
+        reads.clear()
+        for _ in range(6):
+            gen.decode(1)
+            got_logits.append(gen.logits.clone())
+    layers = model.config.num_hidden_layers
+    assert reads == [] and len(kernel) == 2 * 6 * layers  # scores and values per layer and step
+    for step, (w, g) in enumerate(zip(want_logits, got_logits)):
+        assert torch.allclose(g, w, atol=1e-5, rtol=1e-5), (step, (g - w).abs().max())
 
 
 @pytest.mark.gpu
