@@ -3,12 +3,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "manifest.json"
+EXPORTS_DIR = "exports"
+
+
+def export_folder(run_folder: Path, label: str, to: str) -> Path:
+    """``exports/<label>/<target>`` under the run folder, the label made a folder name."""
+    return run_folder / EXPORTS_DIR / re.sub(r"[^A-Za-z0-9._+-]+", "_", label) / to
 
 
 def _umask_mode() -> int:

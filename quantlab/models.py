@@ -124,6 +124,20 @@ def _location(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
 
 
+def model_source(spec: ModelSpec) -> Path | None:
+    """The file or folder the recipe's model is read from (its GGUF file where it names one), or None (a hub id
+    or synthetic model: nothing local to copy metadata from)."""
+    if spec.synthetic:
+        return None
+    try:
+        folder = Path(model_location(spec))
+    except QuantlabError:
+        return None
+    if spec.gguf_file:
+        return folder / spec.gguf_file
+    return folder if folder.is_dir() else None
+
+
 def weight_files_problem(spec: ModelSpec) -> str | None:
     """Why the weights of a local model cannot be read, naming the file (None: they can, or they are not local:
     a hub id, a config with synthetic weights). Checks what is cheap before any work: every safetensors file's

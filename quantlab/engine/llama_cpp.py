@@ -9,8 +9,9 @@ small machine. The child reads one JSON command per line on stdin and answers on
 - ``nll``: ``{windows, window}`` → ``{nll_sum, tokens, top1}``: the summed negative log-likelihood of every token
   of each window but its first (quantlab's ``windows`` protocol, from llama.cpp's own logits), and llama.cpp's
   most likely next token at each scored position;
-- ``logits``: ``{windows, window, path}`` → ``{path}``: the scored positions' logits, float32
-  ``[windows, window − 1, vocab]``, saved with numpy to ``path``.
+- ``logits``: ``{windows, window, path[, all_positions]}`` → ``{path}``: the scored positions' logits, float32
+  ``[windows, window − 1, vocab]`` (``all_positions``: every position's, ``[windows, window, vocab]``), saved
+  with numpy to ``path``.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from ..errors import UnsupportedError
 
 INSTALL = ('llama-cpp-python is not installed: pip install -e ".[bench]" builds it from source (minutes; '
            'CMAKE_ARGS="-DGGML_NATIVE=ON" tunes it to this CPU)')
+
+
+ENGINE = "llama.cpp"  # the recipe's engine name for variants measured here
 
 
 def available() -> bool:
@@ -57,7 +61,8 @@ def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) 
             if window not in scoring:
                 scoring[window] = Llama(model_path=path, n_ctx=window, n_batch=window, n_ubatch=window,
                                         logits_all=True, **options)
-            reply = _score(scoring[window], cmd["windows"], cmd["path"] if cmd["cmd"] == "logits" else None)
+            reply = _score(scoring[window], cmd["windows"], cmd["path"] if cmd["cmd"] == "logits" else None,
+                           cmd.get("all_positions", False))
         print(json.dumps(reply), flush=True)
 
 
@@ -76,16 +81,17 @@ def _decode(llm: Any, prompt: list[int], new_tokens: int) -> dict[str, Any]:
     return {"prefill_ms": prefill_ms, "steps_ms": steps, "tokens": tokens}
 
 
-def _score(llm: Any, windows: list[list[int]], path: str | None) -> dict[str, Any]:
-    """Each window's logits at its scored positions (all but the last token's): saved to ``path`` when given,
-    else reduced to the summed NLL of the next tokens and llama.cpp's top token at each position."""
+def _score(llm: Any, windows: list[list[int]], path: str | None, all_positions: bool = False) -> dict[str, Any]:
+    """Each window's logits at its scored positions (all but the last token's; ``all_positions``: every one):
+    saved to ``path`` when given, else reduced to the summed NLL of the next tokens and llama.cpp's top token at
+    each position."""
     import numpy as np
 
     total, count, top1, kept = 0.0, 0, [], []
     for ids in windows:
         llm.reset()
         llm.eval(ids)
-        logits = np.asarray(llm.scores[: len(ids) - 1])
+        logits = np.asarray(llm.scores[: len(ids) - (0 if all_positions and path is not None else 1)])
         if path is not None:
             kept.append(logits.astype(np.float32))
             continue
@@ -138,6 +144,28 @@ class LlamaCppProcess:
         self.proc.stdin.flush()  # type: ignore[union-attr]
         return self._read()
 
+    def peak_rss_bytes(self) -> int:
+        """The child's peak resident set (``VmHWM``): llama.cpp's weights, KV cache and buffers with its runtime."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise OSError(f"VmHWM not in /proc/{self.proc.pid}/status")
+
+    def cpu_seconds(self) -> float:
+        """CPU time the child has used (user + system), from ``/proc/PID/stat``."""
+        import os
+
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def reset_peak_rss(self) -> bool:
+        """Start the child's peak resident set again from its current one; False where the kernel refuses."""
+        try:
+            Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()  # type: ignore[union-attr]
@@ -148,6 +176,27 @@ class LlamaCppProcess:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_weight_components(path: str | Path) -> dict[str, int]:
+    """The file's tensor bytes by component, as quantlab counts a model's: ``quantized_linear`` (2-D tensors in
+    a ggml block type), ``linear`` (the other 2-D tensors but the token embedding), ``embedding`` and ``other``
+    (norms, rotary factors, biases)."""
+    from gguf import GGUFReader
+
+    out = {"quantized_linear": 0, "linear": 0, "embedding": 0, "other": 0}
+    for t in GGUFReader(str(path)).tensors:
+        n = int(t.n_bytes)
+        if t.name.startswith("token_embd."):
+            out["embedding"] += n
+        elif len(t.shape) >= 2 and t.name.endswith(".weight"):
+            out["linear" if t.tensor_type.name in FLOAT_TYPES else "quantized_linear"] += n
+        else:
+            out["other"] += n
+    return out
 
 
 def gguf_tensor_bytes(path: str | Path) -> int:

@@ -14,13 +14,40 @@ import torch
 
 from ..data import load_text
 from ..engine.decode import DecodeResult, measure_decode
+from ..engine.llama_cpp import ENGINE as LLAMA_CPP
 from ..engine.memory import rss_bytes
 from ..errors import QuantlabError, first_line
-from ..models import LoadedModel, load_config, load_model, load_tokenizer, model_dtype_name, model_location
+from ..models import (
+    LoadedModel,
+    load_config,
+    load_model,
+    load_tokenizer,
+    model_dtype_name,
+    model_location,
+    model_source,
+)
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
 from ..quant.calibrate.samples import calibration_from_text
 from ..quant.format import Calibration
+
+
+def serve_in_llama_cpp(ctx: "VariantContext") -> Any:
+    """Export the variant's measured model to GGUF (the run folder's ``exports/<label>/gguf``, else a temporary
+    folder) and load the file in llama.cpp, with the KV format's cache type and room for the longest point."""
+    import tempfile
+
+    from ..engine.llama_cpp_engine import LlamaCppVariant
+    from ..files import export_folder
+    from ..quant.io import export_
+    from ..quant.io.gguf import GGUF_FILE
+
+    folder = (export_folder(ctx.run_folder, ctx.variant.label, "gguf") if ctx.run_folder is not None
+              else Path(tempfile.mkdtemp(prefix="quantlab-llama-cpp-")))
+    export_(ctx.model, "gguf", folder, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
+    w = ctx.recipe.workload
+    n_ctx = max(p for _, p in w.points()) + w.new_tokens
+    return LlamaCppVariant(folder / GGUF_FILE, ctx.variant.kv, torch.get_num_threads(), n_ctx)
 
 
 def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
@@ -130,6 +157,7 @@ class VariantContext:
     rss_before_load_bytes: int = 0
     weights_source: dict[str, Any] = field(default_factory=dict)  # quantized here, or reused from the run folder
     _generations: dict[tuple[int, int], DecodeResult] = field(default_factory=dict)
+    _served: Any = None  # engine: llama.cpp: the variant's file held by llama.cpp (LlamaCppVariant)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -164,11 +192,34 @@ class VariantContext:
         key = (batch_size, prompt_tokens)
         if key not in self._generations:
             w = self.recipe.workload
-            self._generations[key] = measure_decode(
-                self.model, self.variant.kv, batch_size=batch_size, prompt_tokens=prompt_tokens,
-                new_tokens=w.new_tokens, warmup_runs=w.warmup_runs, prefill_repeats=w.prefill_repeats,
-                seed=self.recipe.seed, device=self.device, engine=w.engine)
+            kwargs = dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=w.new_tokens,
+                          warmup_runs=w.warmup_runs, prefill_repeats=w.prefill_repeats, seed=self.recipe.seed)
+            served = self.served()
+            self._generations[key] = (served.decode(self.model.config, **kwargs) if served is not None else
+                                      measure_decode(self.model, self.variant.kv, device=self.device,
+                                                     engine=self.variant.engine, **kwargs))
         return self._generations[key]
+
+    def served(self) -> Any | None:
+        """The variant as an engine outside this process serves it (``engine: llama.cpp``: its GGUF export held by
+        llama.cpp, started on first use), or None: quantlab's own engines measure the model here."""
+        if self.variant.engine != LLAMA_CPP:
+            return None
+        if self._served is None:
+            self._served = serve_in_llama_cpp(self)
+        return self._served
+
+    @property
+    def scoring_model(self) -> Any:
+        """What the quality evaluations run: the model, or llama.cpp's logits for the variant's file."""
+        served = self.served()
+        return self.model if served is None else served.lm
+
+    def close(self) -> None:
+        """End what the measurements started outside this process (llama.cpp's child)."""
+        if self._served is not None:
+            self._served.close()
+            self._served = None
 
     @property
     def estimate(self) -> Any | None:

@@ -95,7 +95,7 @@ class Divergence(Measurement):
             ref = reference(model, ids, window, spec.batch_size, ctx.device, spec.top_k)
             _store(path, key, ref)
             del model
-        figures = compare(ctx.model, ids, ref, spec.batch_size, ctx.device)
+        figures = compare(ctx.scoring_model, ids, ref, spec.batch_size, ctx.device)
         protocol = {"baseline": ctx.recipe.baseline_label, "windows": figures.pop("windows"),
                     "window_tokens": window, "scored_tokens": figures.pop("scored_tokens"),
                     "top_k": spec.top_k, "baseline_rest_mass_mean": figures.pop("baseline_rest_mass_mean"),

@@ -27,7 +27,8 @@ class PeakMemory(Measurement):
         return PeakMemoryBytes(
             peak_memory_bytes=m["peak_memory_bytes"], peak_prefill_bytes=m["peak_prefill_bytes"],
             peak_decode_bytes=m["peak_decode_bytes"], peak_reserved_bytes=m.get("peak_reserved_bytes"),
-            peak_memory_method=m["peak_memory_method"], rss_before_load_bytes=ctx.rss_before_load_bytes or None,
+            peak_memory_method=m["peak_memory_method"],
+            rss_before_load_bytes=(ctx.rss_before_load_bytes or None) if ctx.served() is None else None,
             peak_memory_bytes_by_device=m.get("peak_memory_bytes_by_device"))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]

@@ -38,7 +38,8 @@ class Perplexity(Measurement):
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec = ctx.recipe.evaluations.perplexity
         ids, text = scored_text(spec.text, ctx.loaded.tokenizer, spec.max_tokens)
-        return PerplexityResult(**spec.run(ctx.model, ctx.loaded.tokenizer, ids, text, ctx.variant.kv, ctx.device))
+        return PerplexityResult(**spec.run(ctx.scoring_model, ctx.loaded.tokenizer, ids, text, ctx.variant.kv,
+                                           ctx.device))
 
     def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:
         name = (row.get("perplexity_protocol") or {}).get("name")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.llama_cpp import ENGINE as LLAMA_CPP
 from ..engine.memory import (
     decode_weight_bytes_read,
     weight_bytes_analytic,
@@ -66,20 +67,28 @@ class Weights(Measurement):
         from ..quant.io.export import weights_digest
 
         model = ctx.model
-        components = weight_bytes_by_component(model)
+        served = ctx.served()
+        if served is None:
+            components = weight_bytes_by_component(model)
+            analytic, read, path = weight_bytes_analytic(model), decode_weight_bytes_read(model), kernel_paths(model)
+        else:  # the file the engine holds: its tensors' bytes (each type's block formula), all read by a step
+            components = served.weight_components()
+            analytic = read = sum(components.values())
+            path = served.kernel_path
         estimate = ctx.estimate
         predicted = estimate.beside_measured(ctx.variant.weight, ctx.variant.kv, []) if estimate else {}
         return WeightBytes(
-            weight_bytes=sum(components.values()), weight_bytes_analytic=weight_bytes_analytic(model),
+            weight_bytes=sum(components.values()), weight_bytes_analytic=analytic,
             weight_bytes_estimate=predicted.get("weight_bytes_estimate"),
             estimate_params_source=predicted.get("estimate_params_source"),
             **{f"weight_bytes_{k}": v for k, v in components.items()},
-            decode_weight_bytes_read=decode_weight_bytes_read(model),
-            quantized_modules=len(ctx.quantize_report.replaced), kernel_path=kernel_paths(model),
+            decode_weight_bytes_read=read,
+            quantized_modules=len(ctx.quantize_report.replaced), kernel_path=path,
             quantize_s=ctx.quantize_s, weights_source=ctx.weights_source or None, weights_digest=weights_digest(model),
             **_placement(model))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        served = [r["variant"] for r in rows if r.get("engine") == LLAMA_CPP and r.get("status") == "ok"]
         return ("measured: bytes of every parameter and buffer the model holds after quantization (packed codes, "
                 "scales and zero points included; tied tensors counted once). **analytic**: the same total from each "
                 "format's bits, group size and metadata, layer by layer on the quantized model. **config estimate**: "
@@ -87,4 +96,6 @@ class Weights(Measurement):
                 f"{row.get('estimate_params_source') or 'the module tree'} × the format's byte formula)."
                 + (f" Placed by accelerate's device map ({_places(row['device_map'])}); held per device: "
                    f"{', '.join(f'{k} {v / 2**20:.1f} MiB' for k, v in (row.get('weight_bytes_by_device') or {}).items())}."
-                   if row.get("device_map") else ""))
+                   if row.get("device_map") else "")
+                + (f" Rows measured by llama.cpp ({', '.join(served)}): the tensor bytes of the GGUF file it ran, every "
+                   "one read by a step (a tied embedding is the output matrix)." if served else ""))

@@ -4,33 +4,12 @@ digest its record holds, so the folder holds the numbers that were measured)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from ..errors import QuantlabError, first_line
-from ..models import ModelSpec, model_location
-
-EXPORTS_DIR = "exports"
-
-
-def model_source(spec: ModelSpec) -> Path | None:
-    """The file or folder the recipe's model is read from (its GGUF file where it names one), or None (a hub id
-    or synthetic model: nothing local to copy metadata from)."""
-    if spec.synthetic:
-        return None
-    try:
-        folder = Path(model_location(spec))
-    except QuantlabError:
-        return None
-    if spec.gguf_file:
-        return folder / spec.gguf_file
-    return folder if folder.is_dir() else None
-
-
-def export_folder(run_folder: Path, label: str, to: str) -> Path:
-    """``exports/<label>/<target>`` under the run folder, the label made a folder name."""
-    return run_folder / EXPORTS_DIR / re.sub(r"[^A-Za-z0-9._+-]+", "_", label) / to
+from ..files import export_folder
+from ..models import model_source
 
 
 def export_measured(ctx: Any, targets: list[str]) -> list[dict[str, Any]]:

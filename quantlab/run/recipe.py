@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from ..data import BUILTIN_TEXTS, TextSource
+from ..engine.llama_cpp import ENGINE as LLAMA_CPP
 from ..errors import QuantlabError, RecipeError
 from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol
 from ..eval.perplexity.base import DEFAULT_KV_PROTOCOL, DEFAULT_PROTOCOL
@@ -37,6 +38,8 @@ from ..validation import first_error, unknown_field_message
 
 DEFAULT_KV_FORMAT = "native"  # the cache a recipe without kv_cache measures: transformers' own
 
+EngineName = Literal["auto", "eager", "compiled", "llama.cpp"]
+LLAMA_CPP_PROTOCOLS = ("windows", "sliding")  # whole windows, scored from llama.cpp's logits
 PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
 
 
@@ -48,9 +51,10 @@ class Workload(Strict):
     new_tokens: int = Field(32, ge=2, description="decode steps timed per run")
     warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
-    engine: Literal["auto", "eager", "compiled"] = Field(
+    engine: EngineName | Annotated[list[EngineName], Field(min_length=1)] = Field(
         "auto", description="auto: compiled where the model and KV format capture, eager otherwise (the reason "
-                            "recorded); compiled: static cache + torch.compile; eager: dynamic cache")
+                            "recorded); compiled: static cache + torch.compile; eager: no compilation; llama.cpp: the "
+                            "variant's GGUF export in llama.cpp's own process; a list: every variant on each engine")
 
     @field_validator("batch_size", "prompt_tokens", mode="before")
     @classmethod
@@ -66,6 +70,12 @@ class Workload(Strict):
             if x < 1:
                 raise ValueError(f"{where} is below 1")
         return v
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines every variant is measured on (one, or the list's)."""
+        engines = self.engine if isinstance(self.engine, list) else [self.engine]
+        return list(dict.fromkeys(engines))
 
     def points(self) -> list[tuple[int, int]]:
         """(batch size, prompt tokens) pairs, the first one the headline figures come from."""
@@ -222,13 +232,37 @@ class Recipe(Strict):
                 if self.variant_named(name) is None:
                     raise ValueError(f"export[{i}].variants: '{name}' is no variant or weight-format label (labels: "
                                      f"{', '.join(labels)})")
+        if LLAMA_CPP in self.workload.engines:
+            self._check_llama_cpp()
         if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
             raise ValueError("evaluations need trained weights; a synthetic model has random ones")
         return self
 
+    def _check_llama_cpp(self) -> None:
+        """What ``engine: llama.cpp`` cannot measure, refused before anything runs."""
+        w, e = self.workload, self.evaluations
+        batches = w.batch_size if isinstance(w.batch_size, list) else [w.batch_size]
+        if any(b != 1 for b in batches):
+            raise ValueError("workload.engine: llama.cpp decodes one sequence; workload.batch_size must be 1")
+        for i, kv in enumerate(self.kv_cache):
+            if kv.llama_cpp_cache_type() is None:
+                raise ValueError(f"workload.engine: llama.cpp has no cache type for kv_cache[{i}] ({kv.label}); "
+                                 "allowed: native, fp16, bf16, fp32 (or measure it in a recipe of its own)")
+        if e.perplexity is not None and e.perplexity.name not in LLAMA_CPP_PROTOCOLS:
+            raise ValueError(f"workload.engine: llama.cpp scores perplexity protocols {', '.join(LLAMA_CPP_PROTOCOLS)}, "
+                             f"not {e.perplexity.name}")
+        if e.lm_eval_tasks:
+            raise ValueError("workload.engine: llama.cpp does not run evaluations.lm_eval_tasks; remove them or "
+                             "measure llama.cpp in a recipe of its own")
+        if self.baseline_variant.engine == LLAMA_CPP:
+            raise ValueError("baseline: the variants are compared with a baseline quantlab measures; list another "
+                             "engine first in workload.engine, or name such a variant")
+
     def variants(self) -> list["Variant"]:
         multi_kv = len(self.kv_cache) > 1
-        return [Variant(self, w, kv, multi_kv) for w in self.weights for kv in self.kv_cache]
+        engines = self.workload.engines
+        return [Variant(self, w, kv, multi_kv, engine, len(engines) > 1)
+                for w in self.weights for kv in self.kv_cache for engine in engines]
 
     @property
     def baseline_label(self) -> str:
@@ -269,10 +303,13 @@ class Variant:
     weight: WeightFormat
     kv: KVFormat
     show_kv: bool = True
+    engine: str = "auto"  # the workload's engine this variant is measured on
+    show_engine: bool = False
 
     @property
     def label(self) -> str:
-        return f"{self.weight.label}/kv-{self.kv.label}" if self.show_kv else self.weight.label
+        label = f"{self.weight.label}/kv-{self.kv.label}" if self.show_kv else self.weight.label
+        return f"{label}@{self.engine}" if self.show_engine else label
 
     @property
     def key(self) -> str:
@@ -283,9 +320,12 @@ class Variant:
         def dump(model: BaseModel) -> Any:
             return model.model_dump(mode="json", exclude_defaults=True)
 
+        workload = {k: v for k, v in dump(r.workload).items() if k != "engine"}
+        if self.engine != "auto":  # this variant's engine (the default leaves earlier keys as they were)
+            workload["engine"] = self.engine
         payload = {
             "model": dump(r.model), "weight": {"format": WEIGHT_FORMATS.canonical_name(self.weight), **dump(self.weight)},
-            "kv": {"format": KV_FORMATS.canonical_name(self.kv), **dump(self.kv)}, "workload": dump(r.workload),
+            "kv": {"format": KV_FORMATS.canonical_name(self.kv), **dump(self.kv)}, "workload": workload,
             "evaluations": dump(r.evaluations), "device": r.device, "seed": r.seed,
         }
         if self.weight.needs_calibration:

@@ -82,6 +82,15 @@ def check_against_model(recipe: Recipe) -> None:
     _check_lengths(recipe, config)
     _check_kv_positions(recipe)
     _check_tasks(recipe)
+    _check_engines(recipe)
+
+
+def _check_engines(recipe: Recipe) -> None:
+    """An engine outside this process (llama.cpp) must be installed before anything is measured."""
+    from ..engine.llama_cpp import ENGINE, INSTALL, available
+
+    if ENGINE in recipe.workload.engines and not available():
+        raise RecipeError(recipe.source, "workload.engine", f"{ENGINE}: {INSTALL}")
 
 
 def _check_kv_positions(recipe: Recipe) -> None:

@@ -45,14 +45,17 @@ def _measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None) 
     measured = [(n, m) for n, m in enabled_measurements(recipe) if not m.derived]
     measurements: dict[str, Any] = {}
     points: list[dict[str, Any]] = []
-    for name, m in measured:
-        if m.scope == "variant":
-            measurements.update(_results({name: m.measure(ctx)}))
-        elif not points:  # the point measurements run together, at the first one's place in the order
-            per_point = [(n, pm) for n, pm in measured if pm.scope == "point"]
-            for b, p in progress(recipe.workload.points(), "decode points (batch, prompt)"):
-                results = _results({n: pm.measure(ctx, (b, p)) for n, pm in per_point})
-                points.append({"batch_size": b, "prompt_tokens": p, "measurements": results})
+    try:
+        for name, m in measured:
+            if m.scope == "variant":
+                measurements.update(_results({name: m.measure(ctx)}))
+            elif not points:  # the point measurements run together, at the first one's place in the order
+                per_point = [(n, pm) for n, pm in measured if pm.scope == "point"]
+                for b, p in progress(recipe.workload.points(), "decode points (batch, prompt)"):
+                    results = _results({n: pm.measure(ctx, (b, p)) for n, pm in per_point})
+                    points.append({"batch_size": b, "prompt_tokens": p, "measurements": results})
+    finally:
+        ctx.close()
     body.update(status="ok", error=None, measurements=measurements, points=points,
                 wall_s=round(time.perf_counter() - start, 3), environment=environment())
     targets = recipe.exports_for(variant)

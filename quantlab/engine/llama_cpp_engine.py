@@ -1,0 +1,131 @@
+"""``engine: llama.cpp``: a variant measured by llama.cpp itself, from the GGUF file quantlab exports of it.
+
+The variant's weights are quantized by quantlab as for any engine, exported to GGUF (``quant/io/gguf.py``: ggml
+blocks byte for byte), and the file is loaded by llama.cpp in a process of its own (``llama_cpp.LlamaCppProcess``).
+Then:
+
+- decode latency: llama.cpp's greedy generation of the same random prompt quantlab's engines time, after the
+  same warm-up; prefill the median of the recipe's repeats, each decode step timed alone in the child;
+- memory: weights are the file's tensor bytes (what a llama.cpp step reads, a tied embedding read whole as the
+  output matrix), the KV cache llama.cpp's cache type × the positions held (formula), the peak the child's
+  resident set (``VmHWM``) during the timed prefill and decode;
+- perplexity and divergence: ``LlamaCppLM`` stands for the model in quantlab's evaluations: each window is
+  evaluated by llama.cpp from an empty context and its logits (every position, float32) come back, so the same
+  windows are scored by the same code as quantlab's rows, against the same stored baseline distributions.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedError
+from .decode import DecodeResult, prompt_ids
+from .llama_cpp import ENGINE as NAME
+from .llama_cpp import LlamaCppProcess, gguf_tensor_bytes, gguf_weight_components
+from .machine_load import watch_machine
+
+CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0}
+
+
+def cache_type_for(kv: Any) -> str:
+    """llama.cpp's cache type for a KV format, or an error saying which formats have one."""
+    cache_type = kv.llama_cpp_cache_type()
+    if cache_type is None:
+        raise UnsupportedError(f"engine {NAME}: KV format {kv.label} has no llama.cpp cache type (native, fp16, bf16 "
+                               "and fp32 do)")
+    return cache_type
+
+
+class LlamaCppLM(nn.Module):
+    """llama.cpp's logits for whole windows, called as quantlab's evaluations call a model
+    (``model(input_ids=[batch, window]).logits`` → ``[batch, window, vocab]`` float32), each window from an empty
+    context. A cache (``past_key_values``) is refused: llama.cpp's scoring here holds no transformers cache."""
+
+    def __init__(self, process: LlamaCppProcess) -> None:
+        super().__init__()
+        self.process = process
+
+    def forward(self, input_ids: torch.Tensor, past_key_values: Any = None, **_: Any) -> SimpleNamespace:
+        if past_key_values is not None:
+            raise UnsupportedError(f"engine {NAME} scores whole windows (perplexity protocols windows and sliding), "
+                                   "not through a transformers cache")
+        import numpy as np
+
+        with tempfile.TemporaryDirectory(prefix="quantlab-logits-") as folder:
+            path = str(Path(folder) / "logits.npy")
+            self.process.ask(cmd="logits", windows=input_ids.tolist(), window=input_ids.shape[1], path=path,
+                             all_positions=True)
+            logits = torch.from_numpy(np.load(path))
+        return SimpleNamespace(logits=logits.to(input_ids.device))
+
+
+class LlamaCppVariant:
+    """One variant's GGUF file held by llama.cpp for its measurements (``close`` ends the child)."""
+
+    def __init__(self, gguf_path: Path, kv: Any, threads: int, n_ctx: int) -> None:
+        self.path, self.kv, self.threads = gguf_path, kv, threads
+        self.cache_type = cache_type_for(kv)
+        self.process = LlamaCppProcess(gguf_path, threads, cache_type=self.cache_type, n_ctx=n_ctx)
+        self.lm = LlamaCppLM(self.process)
+
+    kernel_path = "llama.cpp"
+
+    def options(self) -> dict[str, Any]:
+        import llama_cpp
+
+        return {"threads": self.threads, "cache_type": self.cache_type,
+                "flash_attention": self.cache_type not in CACHE_BYTES_PER_VALUE,
+                "llama_cpp_python": llama_cpp.__version__, "gguf_file": self.path.name,
+                "kv_cache_bytes": "llama.cpp's cache type x the positions held (formula)"}
+
+    def tensor_bytes(self) -> int:
+        return gguf_tensor_bytes(self.path)
+
+    def weight_components(self) -> dict[str, int]:
+        return gguf_weight_components(self.path)
+
+    def kv_cache_bytes(self, config: Any, tokens: int) -> int:
+        """The cache type's bytes for ``tokens`` positions of every layer (sliding layers: their window)."""
+        from ..kv.format import KV_FORMATS
+
+        values = KV_FORMATS["native"].build().cache_bytes_analytic(config, 1, tokens, torch.float32) // 4
+        return int(values * CACHE_BYTES_PER_VALUE[self.cache_type])
+
+    def decode(self, config: Any, *, batch_size: int, prompt_tokens: int, new_tokens: int, warmup_runs: int,
+               prefill_repeats: int, seed: int) -> DecodeResult:
+        """Warm up, time ``prefill_repeats`` prefills (each a generation of its own), then one generation of
+        ``new_tokens`` steps, the child's peak resident set tracked over the timed prefill and decode."""
+        if batch_size != 1:
+            raise UnsupportedError(f"engine {NAME} decodes one sequence (batch_size 1), not {batch_size}")
+        prompt = prompt_ids(config.vocab_size, 1, prompt_tokens, seed, torch.device("cpu"))[0].tolist()
+        for _ in range(warmup_runs):
+            self.process.ask(cmd="decode", prompt=prompt, new_tokens=min(new_tokens, 8))
+        prefills = [self.process.ask(cmd="decode", prompt=prompt, new_tokens=1)["prefill_ms"]
+                    for _ in range(prefill_repeats - 1)]
+        reset = self.process.reset_peak_rss()
+        cpu0, wall0 = self.process.cpu_seconds(), time.perf_counter()
+        with watch_machine(f"{NAME} decode {batch_size}x{prompt_tokens}") as load:
+            got = self.process.ask(cmd="decode", prompt=prompt, new_tokens=new_tokens)
+        cpu, wall = self.process.cpu_seconds() - cpu0, time.perf_counter() - wall0
+        peak = self.process.peak_rss_bytes()
+        machine = {**load[0].record(), "threads": self.threads,  # the child's CPU share, not this process's
+                   "process_cpu_share": round(cpu / (wall * self.threads), 3) if wall > 0 else 0.0}
+        prefills.append(got["prefill_ms"])
+        tokens = prompt_tokens + new_tokens
+        kv_bytes = self.kv_cache_bytes(config, tokens)
+        method = ("llama.cpp process peak RSS (VmHWM" + (", reset before the timed generation" if reset else
+                                                          ", since it started") + "); includes its runtime")
+        memory = {"peak_memory_bytes": peak, "peak_prefill_bytes": peak, "peak_decode_bytes": peak,
+                  "peak_memory_method": method, "kv_cache_bytes": kv_bytes, "kv_cache_bytes_analytic": kv_bytes,
+                  "kv_cache_tokens": tokens}
+        return DecodeResult(statistics.median(prefills), got["steps_ms"], memory, NAME, self.options(), machine)
+
+    def close(self) -> None:
+        self.process.close()
