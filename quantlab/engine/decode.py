@@ -96,8 +96,6 @@ class Generation:
 
     @torch.inference_mode()
     def _next(self, forward: Callable[..., Any], ids: torch.Tensor) -> torch.Tensor:
-        if self.extra:
-            mark_code_attention(self.model, self.cache)
         positions = torch.arange(self.position, self.position + ids.shape[1], device=ids.device)
         logits = forward(input_ids=ids, use_cache=True, cache_position=positions, **{self.arg: self.cache},
                          **self.extra).logits
@@ -106,6 +104,8 @@ class Generation:
         return self.logits.argmax(-1, keepdim=True)
 
     def prefill(self, ids: torch.Tensor) -> float:
+        if self.extra:  # the attention in effect stays for the generation: the layers are told once
+            mark_code_attention(self.model, self.cache)
         self.token, ms = timed_ms(lambda: self._next(self.model, ids), self.device)
         return ms
 

@@ -37,7 +37,26 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-CACHE_TYPES = ("f16", "f32", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")  # llama.cpp's KV cache types
+# llama.cpp's KV cache types: bytes per stored value (ggml block bytes / values per block)
+CACHE_BYTES_PER_VALUE = {"f16": 2.0, "f32": 4.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                         "q4_1": 20 / 32, "q4_0": 18 / 32}
+CACHE_TYPES = tuple(CACHE_BYTES_PER_VALUE)
+FLOAT_CACHE_TYPES = ("f16", "f32", "bf16")  # the others need llama.cpp's flash attention
+
+
+def uses_flash_attention(cache_type: str) -> bool:
+    return cache_type not in FLOAT_CACHE_TYPES
+
+
+def kv_cache_bytes(config: Any, tokens: int, cache_type: str) -> int:
+    """Bytes of llama.cpp's K/V cache of ``cache_type`` holding ``tokens`` positions of every layer (sliding
+    layers: their window), from the config (the native format's count of values)."""
+    import torch
+
+    from ..kv.native import NativeKV
+
+    values = NativeKV().cache_bytes_analytic(config, 1, tokens, torch.float32) // 4
+    return int(values * CACHE_BYTES_PER_VALUE[cache_type])
 
 
 def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
@@ -46,9 +65,8 @@ def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) 
     from llama_cpp import Llama
 
     kv = getattr(llama_cpp, f"GGML_TYPE_{cache_type.upper()}")
-    # quantized caches need llama.cpp's flash attention; f16/f32 run its default path
     options = dict(n_threads=threads, n_threads_batch=threads, type_k=kv, type_v=kv, verbose=False,
-                   flash_attn=cache_type not in ("f16", "f32", "bf16"))
+                   flash_attn=uses_flash_attention(cache_type))
     timing = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, **options)
     scoring: dict[int, Any] = {}  # one context per window length, keeping every position's logits
     print(json.dumps({"ready": True}), flush=True)

@@ -28,10 +28,8 @@ from torch import nn
 from ..errors import UnsupportedError
 from .decode import DecodeResult, prompt_ids
 from .llama_cpp import ENGINE as NAME
-from .llama_cpp import LlamaCppProcess, gguf_tensor_bytes, gguf_weight_components
+from .llama_cpp import LlamaCppProcess, gguf_weight_components, kv_cache_bytes, uses_flash_attention
 from .machine_load import watch_machine
-
-CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "bf16": 2.0}
 
 
 def cache_type_for(kv: Any) -> str:
@@ -81,22 +79,12 @@ class LlamaCppVariant:
         import llama_cpp
 
         return {"threads": self.threads, "cache_type": self.cache_type,
-                "flash_attention": self.cache_type not in CACHE_BYTES_PER_VALUE,
+                "flash_attention": uses_flash_attention(self.cache_type),
                 "llama_cpp_python": llama_cpp.__version__, "gguf_file": self.path.name,
                 "kv_cache_bytes": "llama.cpp's cache type x the positions held (formula)"}
 
-    def tensor_bytes(self) -> int:
-        return gguf_tensor_bytes(self.path)
-
     def weight_components(self) -> dict[str, int]:
         return gguf_weight_components(self.path)
-
-    def kv_cache_bytes(self, config: Any, tokens: int) -> int:
-        """The cache type's bytes for ``tokens`` positions of every layer (sliding layers: their window)."""
-        from ..kv.format import KV_FORMATS
-
-        values = KV_FORMATS["native"].build().cache_bytes_analytic(config, 1, tokens, torch.float32) // 4
-        return int(values * CACHE_BYTES_PER_VALUE[self.cache_type])
 
     def decode(self, config: Any, *, batch_size: int, prompt_tokens: int, new_tokens: int, warmup_runs: int,
                prefill_repeats: int, seed: int) -> DecodeResult:
@@ -119,7 +107,7 @@ class LlamaCppVariant:
                    "process_cpu_share": round(cpu / (wall * self.threads), 3) if wall > 0 else 0.0}
         prefills.append(got["prefill_ms"])
         tokens = prompt_tokens + new_tokens
-        kv_bytes = self.kv_cache_bytes(config, tokens)
+        kv_bytes = kv_cache_bytes(config, tokens, self.cache_type)
         method = ("llama.cpp process peak RSS (VmHWM" + (", reset before the timed generation" if reset else
                                                           ", since it started") + "); includes its runtime")
         memory = {"peak_memory_bytes": peak, "peak_prefill_bytes": peak, "peak_decode_bytes": peak,

@@ -103,6 +103,11 @@ class Measurement:
 MEASUREMENTS: Registry[Measurement] = Registry("measurement")
 
 
+def rows_on_engine(rows: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
+    """The measured rows whose decode ran on ``engine`` (for a provenance sentence about them)."""
+    return [r for r in rows if r.get("engine") == engine and r.get("status") == "ok"]
+
+
 def check_columns(name: str, cls: type[Measurement]) -> None:
     """Every column and spread names a field of the measurement's result model, and the class declares its order."""
     if not isinstance(getattr(cls, "order", None), int):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.llama_cpp import ENGINE as LLAMA_CPP
-from .base import Column, Measurement, Result, register
+from .base import Column, Measurement, Result, register, rows_on_engine
 
 
 class DecodeLatency(Result):
@@ -52,7 +52,7 @@ class Latency(Measurement):
 
 def _served_rows(rows: list[dict[str, Any]]) -> str:
     """The sentence on rows measured by llama.cpp (``engine: llama.cpp``), empty when there are none."""
-    served = [r for r in rows if r.get("engine") == LLAMA_CPP and r.get("status") == "ok"]
+    served = rows_on_engine(rows, LLAMA_CPP)
     if not served:
         return ""
     options = served[0].get("engine_options") or {}

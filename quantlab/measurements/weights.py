@@ -10,7 +10,7 @@ from ..engine.memory import (
     weight_bytes_by_component,
     weight_bytes_by_device,
 )
-from .base import MIB, Column, Measurement, Result, register
+from .base import MIB, Column, Measurement, Result, register, rows_on_engine
 
 
 class WeightBytes(Result):
@@ -88,7 +88,7 @@ class Weights(Measurement):
             **_placement(model))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
-        served = [r["variant"] for r in rows if r.get("engine") == LLAMA_CPP and r.get("status") == "ok"]
+        served = [r["variant"] for r in rows_on_engine(rows, LLAMA_CPP)]
         return ("measured: bytes of every parameter and buffer the model holds after quantization (packed codes, "
                 "scales and zero points included; tied tensors counted once). **analytic**: the same total from each "
                 "format's bits, group size and metadata, layer by layer on the quantized model. **config estimate**: "
