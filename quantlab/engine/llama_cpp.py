@@ -176,6 +176,16 @@ class LlamaCppProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    @staticmethod
+    def cpu_share(cpu_s: float, wall_s: float, threads: int) -> float | None:
+        """CPU time over wall time x threads for a section of the child, or None where the section spans too few
+        of the kernel's clock ticks (``/proc`` counts CPU time in ticks) for the share to mean anything."""
+        import os
+
+        if wall_s * os.sysconf("SC_CLK_TCK") < MIN_TICKS:
+            return None
+        return round(cpu_s / (wall_s * threads), 3)
+
     def reset_peak_rss(self) -> bool:
         """Start the child's peak resident set again from its current one; False where the kernel refuses."""
         try:
@@ -196,6 +206,7 @@ class LlamaCppProcess:
         self.close()
 
 
+MIN_TICKS = 100  # clock ticks a timed section must span for a CPU share (at 100 Hz: 1 s, about 1% resolution)
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 

@@ -104,7 +104,7 @@ class LlamaCppVariant:
         cpu, wall = self.process.cpu_seconds() - cpu0, time.perf_counter() - wall0
         peak = self.process.peak_rss_bytes()
         machine = {**load[0].record(), "threads": self.threads,  # the child's CPU share, not this process's
-                   "process_cpu_share": round(cpu / (wall * self.threads), 3) if wall > 0 else 0.0}
+                   "process_cpu_share": self.process.cpu_share(cpu, wall, self.threads)}
         prefills.append(got["prefill_ms"])
         tokens = prompt_tokens + new_tokens
         kv_bytes = kv_cache_bytes(config, tokens, self.cache_type)

@@ -51,6 +51,16 @@ def test_what_llama_cpp_cannot_measure_is_refused_in_one_line(changes: dict, fie
     assert "\n" not in str(caught.value)
 
 
+def test_the_childs_cpu_share_is_left_unknown_over_too_few_clock_ticks() -> None:
+    import os
+
+    from quantlab.engine.llama_cpp import MIN_TICKS, LlamaCppProcess
+
+    short = (MIN_TICKS - 1) / os.sysconf("SC_CLK_TCK")  # /proc counts CPU time in ticks: a 0 would read as idle
+    assert LlamaCppProcess.cpu_share(0.0, short, 2) is None
+    assert LlamaCppProcess.cpu_share(3.0, 2.0 * short * 2, 2) == pytest.approx(3.0 / (4 * short * 2), abs=1e-3)
+
+
 @pytest.mark.llama_cpp
 def test_llama_cpp_rows_are_measured_from_the_exported_file_beside_quantlabs(tmp_path: Path) -> None:
     from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
@@ -73,7 +83,8 @@ def test_llama_cpp_rows_are_measured_from_the_exported_file_beside_quantlabs(tmp
         latency, kv, weights = point["latency"], point["kv_cache"], served["measurements"]["weights"]
         assert latency["engine"] == "llama.cpp" and latency["engine_options"]["cache_type"] == "f16"
         assert latency["decode_steps"] == len(latency["decode_ms_samples"]) == 8 and latency["threads"] >= 1
-        assert 0 < latency["process_cpu_share"] <= 1.5  # the child's CPU, not the idle parent's
+        share = latency["process_cpu_share"]  # the child's CPU, not the idle parent's; None: too short a section
+        assert share is None or 0 < share <= 1.5
         assert weights["weight_bytes"] == weights["decode_weight_bytes_read"] == gguf_tensor_bytes(gguf)
         assert weights["kernel_path"] == "llama.cpp"
         native = KV_FORMATS["native"].build().cache_bytes_analytic(config, 1, 40, torch.float32)
