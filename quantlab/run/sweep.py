@@ -100,14 +100,15 @@ class Sweep:
         """Measure a claimed variant, write its record and release the claim (here: synchronously)."""
         try:
             device = resolve_device(self.recipe.device)
+            before = copy_bandwidth_bytes_per_s(device)  # just before this variant: its after is compared with it
             if self.bandwidth is None:
-                self.bandwidth = copy_bandwidth_bytes_per_s(device)
-                self.log(f"memory bandwidth (copy): {self.bandwidth / 1e9:.1f} GB/s")
+                self.bandwidth = before
+                self.log(f"memory bandwidth (copy): {before / 1e9:.1f} GB/s")
             with Heartbeat(claim):
                 body = (measure_in_subprocess(self.recipe, index, self.folder.path, self.log)
                         if self.recipe.isolation == "process"
                         else measure_variant_safely(self.recipe, variant, self.folder.path))
-            self.record(tag, finish_record(body, self.sweep, self.bandwidth, copy_bandwidth_bytes_per_s(device)))
+            self.record(tag, finish_record(body, self.sweep, before, copy_bandwidth_bytes_per_s(device)))
         finally:
             self.claims.release(claim)
 

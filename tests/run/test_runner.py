@@ -469,3 +469,16 @@ def test_threads_from_the_recipe_or_the_cli_reach_the_measuring_process_and_are_
     assert torch.get_num_threads() == before  # the caller's setting is restored
     with pytest.raises(RecipeError, match="--threads: a positive number of threads, not 0"):
         recipe.with_threads(0)
+
+
+def test_each_variant_compares_the_copy_bandwidth_after_it_with_one_measured_just_before_it(
+        small_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantlab.run.sweep as sweep
+
+    readings = iter(range(10**10, 2 * 10**10, 10**9))  # 10, 11, 12, ... GB/s: every reading differs
+    monkeypatch.setattr(sweep, "copy_bandwidth_bytes_per_s", lambda device: float(next(readings)))
+    recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    rows = sorted(read_jsonl(out / "results.jsonl"), key=lambda r: r["memory_bandwidth_bytes_per_s"])
+    pairs = [(r["memory_bandwidth_bytes_per_s"] // 10**9, r["memory_bandwidth_after_bytes_per_s"] // 10**9) for r in rows]
+    assert pairs == [(10, 11), (12, 13)]  # the second variant's "before" is its own, not the sweep's first reading
