@@ -177,7 +177,8 @@ class Recipe(Strict):
     workload: Workload = Workload()
     evaluations: Evaluations = Evaluations()
     calibration: CalibrationSpec = CalibrationSpec()
-    baseline: str | None = Field(None, description="variant label of the baseline (default: the first)")
+    baseline: str | None = Field(None, description="variant label of the baseline, or a weight-format label (its variant "
+                                 "with the first KV format listed); default: the first variant")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="CPU threads torch uses in every process that measures "
                                 "(torch.set_num_threads; default: torch's own, one per core)")
@@ -224,7 +225,11 @@ class Recipe(Strict):
         if dupes:
             raise ValueError(f"two variants share the label '{dupes[0]}'; remove one")
         if self.baseline is not None and self.baseline not in labels:
-            raise ValueError(f"baseline '{self.baseline}' is not a variant label (labels: {', '.join(labels)})")
+            named = self.variant_named(self.baseline)
+            if named is None:
+                raise ValueError(f"baseline '{self.baseline}' is no variant or weight-format label (labels: "
+                                 f"{', '.join(labels)})")
+            object.__setattr__(self, "baseline", named.label)  # a weight label: its variant with the first KV format
         if self.variant_timeout_s is not None and self.isolation != "process":
             raise ValueError("variant_timeout_s needs isolation: process (a variant in this process cannot be stopped)")
         for i, spec in enumerate(self.export):

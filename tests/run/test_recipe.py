@@ -88,7 +88,16 @@ def test_unknown_bundled_model_and_literal_choices(tmp_path: Path) -> None:
 
 def test_duplicate_labels_and_unknown_baseline(tmp_path: Path) -> None:
     assert "share the label" in _error(tmp_path, {**GOOD, "weights": ["fp32", "fp32"]}).message
-    assert "not a variant label" in _error(tmp_path, {**GOOD, "baseline": "bf16"}).message
+    assert "no variant or weight-format label" in _error(tmp_path, {**GOOD, "baseline": "bf16"}).message
+
+
+def test_baseline_given_by_its_weight_label_is_its_variant_with_the_first_kv_format(tmp_path: Path) -> None:
+    kv = {**GOOD, "kv_cache": ["native", {"format": "int8"}], "baseline": "int4-g128-asym"}
+    r = load_recipe(_write(tmp_path, kv))
+    assert r.baseline == r.baseline_label == "int4-g128-asym/kv-native"
+    assert r.baseline_variant.kv.label == "native"
+    flipped = load_recipe(_write(tmp_path, {**kv, "kv_cache": [{"format": "int8"}, "native"]}))
+    assert flipped.baseline_variant.kv.label != "native" and flipped.baseline_label.startswith("int4-g128-asym/")
 
 
 def test_variant_timeout_is_positive_and_needs_process_isolation(tmp_path: Path) -> None:
