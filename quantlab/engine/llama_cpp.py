@@ -154,8 +154,23 @@ class LlamaCppProcess:
     def _read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
-            raise UnsupportedError(f"llama.cpp could not run {self.path} (its error is above)")
+            raise UnsupportedError(f"llama.cpp could not run {self.path}: {self._ended()}")
         return json.loads(line)
+
+    def _ended(self) -> str:
+        """How the child ended, once it has closed its output (a crash in llama.cpp prints nothing)."""
+        import signal
+
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            return "its process stopped answering"
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = (" (llama.cpp crashed; on a CPU with AMX, ggml's AMX buffer type is a known cause: build "
+                    "llama-cpp-python without it, README's llama.cpp section)") if name == "SIGSEGV" else ""
+            return f"its process was killed by {name}{hint}"
+        return f"its process exited with status {code} (its error is above)"
 
     def ask(self, **cmd: Any) -> dict[str, Any]:
         self.proc.stdin.write(json.dumps(cmd) + "\n")  # type: ignore[union-attr]

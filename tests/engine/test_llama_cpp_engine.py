@@ -61,6 +61,25 @@ def test_the_childs_cpu_share_is_left_unknown_over_too_few_clock_ticks() -> None
     assert LlamaCppProcess.cpu_share(3.0, 2.0 * short * 2, 2) == pytest.approx(3.0 / (4 * short * 2), abs=1e-3)
 
 
+def test_a_llama_cpp_child_that_crashes_is_one_error_naming_the_signal() -> None:
+    """llama.cpp prints nothing when it crashes (an AMX segfault): the error says how its process ended."""
+    import subprocess
+    import sys
+
+    from quantlab.engine.llama_cpp import LlamaCppProcess
+    from quantlab.errors import UnsupportedError
+
+    crashed = LlamaCppProcess.__new__(LlamaCppProcess)
+    crashed.path = Path("model.gguf")
+    crashed.proc = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+                                    stdout=subprocess.PIPE, text=True)
+    with pytest.raises(UnsupportedError, match="model.gguf: its process was killed by SIGSEGV .*AMX"):
+        crashed._read()
+    crashed.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(UnsupportedError, match="exited with status 3"):
+        crashed._read()
+
+
 @pytest.mark.llama_cpp
 def test_llama_cpp_rows_are_measured_from_the_exported_file_beside_quantlabs(tmp_path: Path) -> None:
     from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
