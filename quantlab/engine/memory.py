@@ -11,20 +11,23 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ..quant.embedding import BlockEmbedding
 from ..quant.kernels.base import Kernel
 from ..quant.linear import linear_types
+
+EMBEDDINGS = (nn.Embedding, BlockEmbedding)  # lookup tables: a step reads one row of each
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def _component(module: nn.Module) -> str:
+    if isinstance(module, EMBEDDINGS):
+        return "embedding"
     if hasattr(module, "analytic_weight_bytes") or isinstance(module, Kernel):
         return "quantized_linear"
     if isinstance(module, linear_types()):
         return "linear"
-    if isinstance(module, nn.Embedding):
-        return "embedding"
     return "other"
 
 
@@ -89,7 +92,7 @@ def decode_weight_bytes_read(model: nn.Module) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     head_ptr = head.weight.untyped_storage().data_ptr() if head is not None and hasattr(head, "weight") else None
     return sum(t.untyped_storage().nbytes() for module, t in _distinct_storages(model)
-               if not isinstance(module, nn.Embedding) or t.untyped_storage().data_ptr() == head_ptr)
+               if not isinstance(module, EMBEDDINGS) or t.untyped_storage().data_ptr() == head_ptr)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -123,15 +123,22 @@ class Estimate:
 def weight_payload(inventory: Inventory, fmt: WeightFormat, base: torch.dtype) -> WeightPayload:
     """Bytes of every tensor under ``fmt``: selected linear weights in the layout of the format each is given
     (overrides included; an override naming the output head quantizes it, and a tied embedding table then stays
-    beside it), the rest in the unquantized dtype."""
+    beside it, unless the head's format holds the lookup table: ggml blocks), an untied embedding table in the
+    format's ``embedding_format`` where it has one, the rest in the unquantized dtype."""
     keep = fmt.unquantized_dtype(base)
     head = fmt.head_format(inventory.head_module) if inventory.head_module else None
+    table_format = fmt.embedding_format
     total = quantized_params = quantized_bytes = 0
     by_format: dict[int, tuple[WeightFormat, dict[str, tuple[int, int]]]] = {}
     for t in inventory.tensors:
         module_format = fmt.format_for(t.name.rsplit(".", 1)[0]) if t.quantizable else head if t.head else None
-        if module_format is not None and t.head and t.component == "embeddings":
+        if module_format is not None and t.head and t.component == "embeddings" and \
+                not module_format.head_holds_lookup_table:
             total += t.numel * keep.itemsize  # tied: the table stays for the lookup, the head gets its own copy
+        if module_format is None and table_format is not None and t.component == "embeddings" and not t.head:
+            b = table_format.linear_weight_bytes(t.shape[0], t.shape[1], base)  # an untied table in blocks
+            quantized_params, quantized_bytes, total = quantized_params + t.numel, quantized_bytes + b, total + b
+            continue
         if module_format is not None:
             module = t.name.rsplit(".", 1)[0] if t.quantizable else inventory.head_module
             by_format.setdefault(id(module_format), (module_format, {}))[1][module] = (t.shape[0], t.shape[1])

@@ -55,6 +55,7 @@ def quantize_(
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
+    tied = _tied_embedding(model)
     selected, kept = select_linears(model)
     for head in default_exclude(model):
         found = fmt.head_format(head) if head in kept else None
@@ -78,4 +79,37 @@ def quantize_(
         found = formats[key].apply_(model, assigned[key], calibration)
         details.update({n: {**d, "format": formats[key].scheme_label} if fmt.overrides else d for n, d in found.items()})
     kept += [name for names in assigned.values() for name in names if name not in details]
+    details.update(_embedding_(model, fmt, tied))
     return QuantizeReport(replaced=list(details), kept=kept, details=details)
+
+
+def _tied_embedding(model: nn.Module) -> bool:
+    """Whether the input embedding and the output head are one tensor."""
+    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weights = [getattr(m, "weight", None) for m in (table, head)]
+    return all(isinstance(w, torch.Tensor) for w in weights) and \
+        weights[0].untyped_storage().data_ptr() == weights[1].untyped_storage().data_ptr()  # type: ignore[union-attr]
+
+
+def _embedding_(model: nn.Module, fmt: WeightFormat, tied: bool) -> dict[str, Any]:
+    """The token embedding in ggml blocks where the weights say so: a tied one whose head now holds blocks reads
+    the head's (one table, as a GGUF without ``output.weight``); an untied one in the format's
+    ``embedding_format`` where that stores blocks. Returns its details (empty: the table is kept)."""
+    from .embedding import block_embedding_
+    from .tensors.ggml_blocks import GGMLBlockTensor
+
+    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not isinstance(table, nn.Embedding):
+        return {}
+    name = next(n for n, m in model.named_modules() if m is table)
+    new = None
+    if tied:
+        new = block_embedding_(model)
+    elif (found := fmt.embedding_format) is not None:
+        as_linear = nn.Linear(table.embedding_dim, table.num_embeddings, bias=False, device="meta")
+        as_linear.weight = table.weight  # the table as a weight [vocab, dim]: the format's own quantizer rounds it
+        quantized = found.quantize_module(name, as_linear)
+        stored = getattr(getattr(quantized, "kernel", None), "stored", lambda: None)()
+        new = block_embedding_(model, stored) if isinstance(stored, GGMLBlockTensor) else None
+    return {} if new is None else {name: {"ggml_type": new.ggml_type, **({"tied_to_head": True} if new.tied else {})}}

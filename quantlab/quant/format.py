@@ -116,6 +116,19 @@ class WeightFormat(BaseModel):
         """The checkpoint formats a model quantized with this config can be written in (``gptq``: ``save_gptq``)."""
         return ()
 
+    @property
+    def embedding_format(self) -> "WeightFormat | None":
+        """The format an untied token embedding table is stored in (llama.cpp's named mixes store ``token_embd`` in
+        their default type), or None: the table is kept. It applies where it stores ggml blocks, which a lookup
+        reads row by row (``BlockEmbedding``)."""
+        return None
+
+    @property
+    def head_holds_lookup_table(self) -> bool:
+        """Whether a tied embedding, once the head is in this format, looks its rows up in the head's stored
+        blocks (one table, as a GGUF without ``output.weight``) instead of keeping a copy beside them."""
+        return False
+
     def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
                     base: torch.dtype) -> tuple[str, str] | None:
         """``(field, problem)`` when this config cannot apply as written to a model whose linears (the default

@@ -7,9 +7,12 @@ rescaled) replace the model's. Readable:
 - GPTQ, ``checkpoint_format`` ``gptq`` (v1) or ``gptq_v2``, bits 2/4/8, act-order included (``gptq_checkpoint``);
 - AWQ, ``version: gemm`` (AutoAWQ's default): ``qweight`` int32 ``[in, out * bits / 32]`` packing 8 output
   columns per word in the order 0 2 4 6 1 3 5 7, ``qzeros`` likewise per group, ``scales`` ``[groups, out]``,
-  dequantized as ``(q - zero) · scale``.
+  dequantized as ``(q - zero) · scale``;
+- a GGUF file (``path: model.gguf``, a llama.cpp k-quant or legacy type as downloaded): each linear keeps the
+  file's ggml blocks (``io/gguf_read.py``), the output head included (a tied one: the embedding's blocks, as
+  llama.cpp multiplies it); the file's other tensors, dequantized, replace the model's.
 
-The quantization settings come from ``quantize_config.json`` / ``quant_config.json`` or the ``quantization_config``
+For a folder, the quantization settings come from ``quantize_config.json`` / ``quant_config.json`` or the ``quantization_config``
 of ``config.json``; the tensors from every ``*.safetensors`` file in the folder.
 """
 from __future__ import annotations
@@ -29,8 +32,11 @@ from ..kernels.base import KernelName, choose_kernel
 from ..linear import QuantizedLinear, linear_types, linear_weight
 from ..tensors.affine import QuantizedTensor
 from ..tensors.awq_layout import from_awq_tensors
+from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor
 from ..tensors.gptq_layout import FORMATS as GPTQ_FORMATS
 from ..tensors.gptq_layout import from_gptq_tensors
+
+BLOCK_TYPES = set(GGML_TYPES) - {FLOAT_SUBSTITUTE}  # what a GGUF linear keeps as blocks (else: dense values)
 
 
 @dataclass(frozen=True)
@@ -97,16 +103,22 @@ def quantized_tensor(settings: CheckpointSettings, part: dict[str, torch.Tensor]
     return from_gptq_tensors(part, settings.bits, settings.group_size or -1, settings.symmetric, settings.layout)
 
 
-@WEIGHT_FORMATS.register("checkpoint", "a published GPTQ (v1/v2) or AWQ (gemm) checkpoint folder loaded into the "
-                         "recipe model's layers; fields: path, kernel")
+@WEIGHT_FORMATS.register("checkpoint", "a published GPTQ (v1/v2) or AWQ (gemm) checkpoint folder, or a GGUF file "
+                         "(its ggml blocks kept), loaded into the recipe model's layers; fields: path, kernel")
 class CheckpointFormat(WeightFormat):
     example_fields: ClassVar[dict[str, Any] | None] = None  # a published folder: tests/quant/formats/test_checkpoint.py
-    path: str = Field(description="folder of the quantized checkpoint (relative paths: to the recipe)")
+    path: str = Field(description="folder of the quantized checkpoint, or a .gguf file (relative paths: to the "
+                      "recipe)")
     kernel: KernelName = Field("auto", description="matmul path; auto takes the fastest that supports the tensor")
 
     @field_validator("path")
     @classmethod
     def _readable(cls, path: str) -> str:
+        if is_gguf(path):
+            with open(path, "rb") as f:
+                if f.read(4) != b"GGUF":
+                    raise ValueError(f"{path}: not a GGUF file (no GGUF magic)")
+            return path
         try:  # a folder that is not a readable checkpoint is a config error
             CheckpointSettings.read(Path(path))
         except UnsupportedError as e:
@@ -119,16 +131,36 @@ class CheckpointFormat(WeightFormat):
 
     @property
     def scheme_label(self) -> str:
+        if is_gguf(self.path):
+            return f"ckpt-gguf-{Path(self.path).stem}"
         return f"ckpt-{self.settings.label}-{Path(self.path).name}"
 
+    @property
+    def exports(self) -> tuple[str, ...]:
+        return ("gguf",) if is_gguf(self.path) else ()  # a GGUF's blocks are written back as they were read
+
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
+        if is_gguf(self.path):
+            raise NotImplementedError("a GGUF file gives each tensor its own type (linear_weights_bytes reads them)")
         s = self.settings
         return QuantizedTensor.analytic_nbytes((out_features, in_features), s.bits, s.group_size, s.symmetric, 2)
+
+    def linear_weights_bytes(self, linears: dict[str, tuple[int, int]], base: torch.dtype) -> int:
+        if not is_gguf(self.path):
+            return super().linear_weights_bytes(linears, base)
+        from ..io.gguf_read import GGUFTensors
+
+        head = next((n for n in linears if n.rsplit(".", 1)[-1] == "lm_head"), None)
+        types = GGUFTensors.read(Path(self.path)).linear_types(linears, head)
+        return sum(GGMLBlockTensor.analytic_nbytes(shape, types[n]) if types[n] in BLOCK_TYPES
+                   else shape[0] * shape[1] * base.itemsize for n, shape in linears.items())
 
     @torch.no_grad()
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         """Every quantized linear of the checkpoint replaces the model's (whatever ``selected`` says: the
         checkpoint decided), then its other tensors replace the model's."""
+        if is_gguf(self.path):
+            return self._apply_gguf(model)
         folder, settings = Path(self.path), self.settings
         tensors = read_tensors(folder)
         names = sorted({k[: -len(".qweight")] for k in tensors if k.endswith(".qweight")})
@@ -162,3 +194,71 @@ class CheckpointFormat(WeightFormat):
                                        f"{list(state[key].shape)} in the model")
             state[key].copy_(value.to(state[key].dtype))
         return details
+
+    def _apply_gguf(self, model: nn.Module) -> dict[str, Any]:
+        from ..apply import default_exclude
+        from ..io.gguf_read import TIED_HEAD_SOURCE, GGUFTensors, check_architecture
+
+        found = GGUFTensors.read(Path(self.path))
+        check_architecture(found, model)
+        config, heads = model.config, default_exclude(model)
+        linears = [n for n, m in model.named_modules() if isinstance(m, linear_types())]
+        stems = found.names_for(linears + [n for n, _ in model.named_modules()])
+        details: dict[str, Any] = {}
+        done: set[str] = set()
+        for name in linears:
+            old = model.get_submodule(name)
+            weight = linear_weight(old)
+            key = f"{stems.get(name)}.weight"
+            if key not in found.tensors and name in heads and TIED_HEAD_SOURCE in found.tensors:
+                key = TIED_HEAD_SOURCE  # llama.cpp's output is the token embedding when the file holds no head
+            if key not in found.tensors:
+                raise UnsupportedError(f"{self.path}: no tensor for {name} (looked for {key})")
+            done.add(f"{name}.weight")
+            if found.type_of(key) not in BLOCK_TYPES:
+                weight.data.copy_(found.dense(key, name, config).to(weight.dtype))
+                details[name] = {"ggml_type": found.type_of(key), "gguf_tensor": key}
+                continue
+            q = found.blocks(key, tuple(weight.shape), name, config).to(weight.device)
+            kernels = None if self.kernel == "auto" else [self.kernel]
+            bias = getattr(old, "bias", None)
+            new = QuantizedLinear(choose_kernel(q, weight.device, weight.dtype, kernels),
+                                  None if bias is None else bias.data.clone(), q.bits, q.group_size,
+                                  {"method": "gguf", "ggml_type": q.ggml_type, "checkpoint": self.path})
+            model.set_submodule(name, new)
+            details[name] = {"ggml_type": q.ggml_type, "gguf_tensor": key}
+        self._gguf_embedding(model, found, stems, details)
+        for key, param in model.state_dict().items():
+            stem, suffix = key.rsplit(".", 1)
+            tensor = f"{stems.get(stem)}.{suffix}"
+            if key in done or tensor not in found.tensors:
+                continue
+            value = found.dense(tensor, stem, config)
+            if value.shape != param.shape:
+                raise UnsupportedError(f"{self.path}: {tensor} is {list(value.shape)}, the model's {key} "
+                                       f"{list(param.shape)}")
+            param.copy_(value.to(param.dtype))
+        return details
+
+    @staticmethod
+    def _gguf_embedding(model: nn.Module, found: Any, stems: dict[str, str], details: dict[str, Any]) -> None:
+        """A token embedding the file holds in a block type stays in it: shared with the head when the head is
+        that very tensor (a tied model), else its own blocks (``BlockEmbedding``)."""
+        from ..embedding import block_embedding_
+        from ..io.gguf_read import TIED_HEAD_SOURCE
+
+        table = model.get_input_embeddings()
+        name = next((n for n, m in model.named_modules() if m is table), None)
+        key = f"{stems.get(name or '')}.weight"
+        if name is None or key not in found.tensors or found.type_of(key) not in BLOCK_TYPES:
+            return
+        tied = any(d.get("gguf_tensor") == TIED_HEAD_SOURCE for d in details.values())
+        shape = tuple(table.weight.shape)
+        new = block_embedding_(model) if tied else None
+        if new is None:
+            new = block_embedding_(model, found.blocks(key, shape, name, model.config))  # type: ignore[arg-type]
+        details[name] = {"ggml_type": new.ggml_type, "gguf_tensor": key, **({"tied_to_head": True} if new.tied else {})}
+
+
+def is_gguf(path: str) -> bool:
+    return path.lower().endswith(".gguf")

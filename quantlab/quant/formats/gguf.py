@@ -113,6 +113,15 @@ class GGUFFormat(QuantizedWeightFormat):
             return self.format_for(head)  # llama.cpp's mixes quantize the output matrix
         return super().head_format(head)  # type: ignore[return-value]
 
+    @property
+    def embedding_format(self) -> "GGUFFormat | None":
+        """A named mix stores an untied token embedding in its default type, as llama-quantize does."""
+        return None if self.recipe is None else GGUFFormat(type=RECIPES[self.recipe])
+
+    @property
+    def head_holds_lookup_table(self) -> bool:
+        return True  # llama.cpp reads a tied model's token_embd for both the lookup and the output matrix
+
     def stored_type(self, name: str, in_features: int) -> str:
         """The ggml type the linear ``name`` of ``in_features`` inputs is stored in."""
         if self.type is not None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from ...errors import UnsupportedError
 from ...registry import Registry
+from ..embedding import BlockEmbedding
 from ..linear import QuantizedLinear
 from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
@@ -88,7 +89,8 @@ def per_module_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def quantized_linears(model: nn.Module) -> list[LinearWeight]:
-    """Every quantized linear of ``model`` with the stored form its kernel holds. A linear that multiplies its
+    """Every quantized linear of ``model`` with the stored form its kernel holds (and a token embedding held in
+    blocks of its own, ``BlockEmbedding``, as one more weight of the model's). A linear that multiplies its
     input by a scale (AWQ's, where it could not be folded) is refused: no target stores that scale."""
     linears = []
     for name, module in model.named_modules():
@@ -103,6 +105,8 @@ def quantized_linears(model: nn.Module) -> list[LinearWeight]:
                 raise UnsupportedError(f"{name}: {e}") from None
             linears.append(LinearWeight(name, stored, None if module.bias is None else module.bias.data,
                                         module.settings))
+        elif isinstance(module, BlockEmbedding) and not module.tied:  # a tied one is written as its head
+            linears.append(LinearWeight(name, module.stored(), None, {"method": "gguf", "embedding": True}))
     return linears
 
 

@@ -175,7 +175,7 @@ class GGUFExporter(Exporter):
         config = model.config
         reader = _reader(source) if source is not None and source.suffix == ".gguf" else None
         arch = architecture(config, reader)
-        names = _name_map(arch, config)
+        names = tensor_name_map(arch, config)
         path = folder / GGUF_FILE
         writer = gguf.GGUFWriter(str(path), arch)
         result = ExportResult("gguf", folder, [GGUF_FILE])
@@ -183,6 +183,7 @@ class GGUFExporter(Exporter):
         dense = other_tensors(model, linears)
         linear_like = {name: m for name, m in model.named_modules() if isinstance(m, linear_types())}
         tensors: list[tuple[str, np.ndarray, str, dict[str, Any]]] = []
+        shared = _embedding_sharing_head(model)  # the head's blocks are the token embedding's: written once, as it
         for lw in linears:
             name = lw.name
             kind, _ = block_type(lw.stored)
@@ -191,7 +192,8 @@ class GGUFExporter(Exporter):
             rows = qk_rows(name, config, blocks.shape[0]) if arch in PERMUTES_QK else None
             if rows is not None:
                 blocks = blocks[rows.numpy()]
-            tensors.append((f"{name}.weight", blocks, kind, {"max_abs_deviation": deviation}))
+            key = f"{shared[1]}.weight" if shared is not None and name == shared[0] else f"{name}.weight"
+            tensors.append((key, blocks, kind, {"max_abs_deviation": deviation}))
             counts[kind] = counts.get(kind, 0) + lw.stored.shape[0] * lw.stored.shape[1]
             if lw.bias is not None:
                 dense[f"{name}.bias"] = lw.bias
@@ -236,7 +238,20 @@ class GGUFExporter(Exporter):
         return result
 
 
-def _name_map(arch: str, config: Any) -> Any:
+def _embedding_sharing_head(model: nn.Module) -> tuple[str, str] | None:
+    """``(head, embedding)`` module names when the token embedding reads the output head's blocks (a tied
+    ``BlockEmbedding``), else None."""
+    from ..embedding import BlockEmbedding
+
+    table = model.get_input_embeddings()
+    if not (isinstance(table, BlockEmbedding) and table.tied):
+        return None
+    head = model.get_output_embeddings()
+    names = {id(m): n for n, m in model.named_modules()}
+    return names[id(head)], names[id(table)]
+
+
+def tensor_name_map(arch: str, config: Any) -> Any:
     """gguf-py's transformers → GGUF tensor name map for llama.cpp's architecture ``arch``."""
     import gguf
 
@@ -247,7 +262,7 @@ def _name_map(arch: str, config: Any) -> Any:
 def linear_tensor_names(model: nn.Module) -> dict[str, str]:
     """Each linear module's GGUF tensor name (``model.layers.0.self_attn.q_proj`` → ``blk.0.attn_q.weight``), as
     llama.cpp's converter names them for the model's architecture (the output head: ``output.weight``)."""
-    names = _name_map(architecture(model.config, None), model.config)
+    names = tensor_name_map(architecture(model.config, None), model.config)
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, (*linear_types(), QuantizedLinear)):

@@ -11,6 +11,7 @@ import torch
 
 from quantlab import export_, quantize_
 from quantlab.paths import BUNDLED_DIR
+from quantlab.quant.embedding import BlockEmbedding
 from quantlab.quant.format import build_format
 from quantlab.quant.formats.gguf_recipes import RECIPES, use_more_bits
 from quantlab.quant.io.gguf import linear_tensor_names
@@ -33,12 +34,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch.nn
 
 
 def _gguf_types(model: torch.nn.Module) -> dict[str, str]:
-    """quantlab's stored type of each quantized linear, by its GGUF tensor name (a tied head as llama.cpp's
-    token_embd, which serves as its output matrix)."""
+    """quantlab's stored type of each quantized linear and of a token embedding in blocks, by its GGUF tensor name
+    (a tied head as llama.cpp's token_embd, which serves as its output matrix)."""
     tied = {"output.weight": "token_embd.weight"} if model.config.tie_word_embeddings else {}
-    return {tied.get(key, key): model.get_submodule(name).kernel.stored().ggml_type
-            for name, key in linear_tensor_names(model).items()
-            if isinstance(model.get_submodule(name), QuantizedLinear)}
+    types = {tied.get(key, key): model.get_submodule(name).kernel.stored().ggml_type
+             for name, key in linear_tensor_names(model).items()
+             if isinstance(model.get_submodule(name), QuantizedLinear)}
+    table = model.get_input_embeddings()
+    if isinstance(table, BlockEmbedding):
+        assert table.tied == bool(tied)  # a tied table reads the head's blocks, an untied one holds its own
+        types["token_embd.weight"] = table.stored().ggml_type
+    return types
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
@@ -48,8 +54,7 @@ def test_every_tensor_takes_llama_cpps_type(models, which: str, recipe: str) -> 
     quantize_(model, build_format({"format": "gguf", "recipe": recipe}))
     theirs = REFERENCE[which][recipe]
     ours = _gguf_types(model)
-    untied_embedding = {"token_embd.weight"} if not model.config.tie_word_embeddings else set()
-    assert set(ours) == {k for k, v in theirs.items() if v != "F32"} - untied_embedding  # the norms stay F32
+    assert set(ours) == {k for k, v in theirs.items() if v != "F32"}  # the norms stay F32; the embedding too is typed
     assert ours == {k: theirs[k] for k in ours}
 
 
@@ -72,14 +77,11 @@ def test_the_export_is_llama_cpps_own_file_tensor_for_tensor(models, recipe: str
     export_(ours_model, "gguf", tmp_path / "ours", source=source)
     theirs = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "theirs.gguf")).tensors}
     ours = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "ours" / "model.gguf")).tensors}
-    compared = 0
-    for name, t in ours.items():
-        if name == "token_embd.weight":  # quantlab keeps the embedding table in float
-            continue
+    for name, t in ours.items():  # the token embedding included: quantlab stores it in the mix's type too
         assert t.tensor_type == theirs[name].tensor_type, name
         assert np.array_equal(np.array(t.data), np.array(theirs[name].data)), name
-        compared += 1
-    assert compared == len(ours) - 1 == len(theirs) - 1
+    assert set(ours) == set(theirs)
+    assert (tmp_path / "ours" / "model.gguf").stat().st_size == (tmp_path / "theirs.gguf").stat().st_size
 
 
 def test_a_mix_over_ggml_types_holds_a_named_mixs_bytes_and_exports(models, tmp_path: Path) -> None:
