@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .format import Calibration, WeightFormat
-from .linear import linear_types
+from .linear import QuantizedLinear, linear_types
 
 
 @dataclass
@@ -110,6 +110,6 @@ def _embedding_(model: nn.Module, fmt: WeightFormat, tied: bool) -> dict[str, An
         as_linear = nn.Linear(table.embedding_dim, table.num_embeddings, bias=False, device="meta")
         as_linear.weight = table.weight  # the table as a weight [vocab, dim]: the format's own quantizer rounds it
         quantized = found.quantize_module(name, as_linear)
-        stored = getattr(getattr(quantized, "kernel", None), "stored", lambda: None)()
+        stored = quantized.kernel.stored() if isinstance(quantized, QuantizedLinear) else None
         new = block_embedding_(model, stored) if isinstance(stored, GGMLBlockTensor) else None
     return {} if new is None else {name: {"ggml_type": new.ggml_type, **({"tied_to_head": True} if new.tied else {})}}

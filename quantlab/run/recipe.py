@@ -414,8 +414,9 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
     for i, entry in enumerate(data.get("weights") if isinstance(data.get("weights"), list) else []):
         if isinstance(entry, dict) and isinstance(entry.get("path"), str):  # a checkpoint folder or GGUF file
             p = (base / os.path.expanduser(entry["path"])).resolve()
-            if not (p.is_file() if p.suffix.lower() == ".gguf" else p.is_dir()):
-                raise RecipeError(file, f"weights[{i}].path", f"no such {'file' if p.suffix.lower() == '.gguf' else 'folder'}: {p}")
+            kind = "file" if p.suffix.lower() == ".gguf" else "folder"
+            if not (p.is_file() if kind == "file" else p.is_dir()):
+                raise RecipeError(file, f"weights[{i}].path", f"no such {kind}: {p}")
             entry["path"] = str(p)
         for key in [k for k in entry if k.endswith("_path") and isinstance(entry[k], str)] if isinstance(entry, dict) else []:
             entry[key] = str((base / os.path.expanduser(entry[key])).resolve())  # a file the format reads or writes

@@ -32,11 +32,9 @@ from ..kernels.base import KernelName, choose_kernel
 from ..linear import QuantizedLinear, linear_types, linear_weight
 from ..tensors.affine import QuantizedTensor
 from ..tensors.awq_layout import from_awq_tensors
-from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor
+from ..tensors.ggml_blocks import GGMLBlockTensor
 from ..tensors.gptq_layout import FORMATS as GPTQ_FORMATS
 from ..tensors.gptq_layout import from_gptq_tensors
-
-BLOCK_TYPES = set(GGML_TYPES) - {FLOAT_SUBSTITUTE}  # what a GGUF linear keeps as blocks (else: dense values)
 
 
 @dataclass(frozen=True)
@@ -148,7 +146,7 @@ class CheckpointFormat(WeightFormat):
     def linear_weights_bytes(self, linears: dict[str, tuple[int, int]], base: torch.dtype) -> int:
         if not is_gguf(self.path):
             return super().linear_weights_bytes(linears, base)
-        from ..io.gguf_read import GGUFTensors
+        from ..io.gguf_read import BLOCK_TYPES, GGUFTensors
 
         head = next((n for n in linears if n.rsplit(".", 1)[-1] == "lm_head"), None)
         types = GGUFTensors.read(Path(self.path)).linear_types(linears, head)
@@ -197,37 +195,32 @@ class CheckpointFormat(WeightFormat):
 
     def _apply_gguf(self, model: nn.Module) -> dict[str, Any]:
         from ..apply import default_exclude
-        from ..io.gguf_read import TIED_HEAD_SOURCE, GGUFTensors, check_architecture
+        from ..io.gguf_read import BLOCK_TYPES, TIED_HEAD_SOURCE, GGUFTensors, check_architecture
 
         found = GGUFTensors.read(Path(self.path))
         check_architecture(found, model)
         config, heads = model.config, default_exclude(model)
         linears = [n for n, m in model.named_modules() if isinstance(m, linear_types())]
-        stems = found.names_for(linears + [n for n, _ in model.named_modules()])
+        stems = found.names_for([n for n, _ in model.named_modules()])
         details: dict[str, Any] = {}
         done: set[str] = set()
         for name in linears:
             old = model.get_submodule(name)
             weight = linear_weight(old)
-            key = f"{stems.get(name)}.weight"
-            if key not in found.tensors and name in heads and TIED_HEAD_SOURCE in found.tensors:
-                key = TIED_HEAD_SOURCE  # llama.cpp's output is the token embedding when the file holds no head
-            if key not in found.tensors:
-                raise UnsupportedError(f"{self.path}: no tensor for {name} (looked for {key})")
+            key = found.tensor_for(name, stems.get(name), name in heads)
             done.add(f"{name}.weight")
+            details[name] = {"ggml_type": found.type_of(key), "gguf_tensor": key}
             if found.type_of(key) not in BLOCK_TYPES:
                 weight.data.copy_(found.dense(key, name, config).to(weight.dtype))
-                details[name] = {"ggml_type": found.type_of(key), "gguf_tensor": key}
                 continue
             q = found.blocks(key, tuple(weight.shape), name, config).to(weight.device)
             kernels = None if self.kernel == "auto" else [self.kernel]
             bias = getattr(old, "bias", None)
-            new = QuantizedLinear(choose_kernel(q, weight.device, weight.dtype, kernels),
-                                  None if bias is None else bias.data.clone(), q.bits, q.group_size,
-                                  {"method": "gguf", "ggml_type": q.ggml_type, "checkpoint": self.path})
-            model.set_submodule(name, new)
-            details[name] = {"ggml_type": q.ggml_type, "gguf_tensor": key}
-        self._gguf_embedding(model, found, stems, details)
+            model.set_submodule(name, QuantizedLinear(
+                choose_kernel(q, weight.device, weight.dtype, kernels), None if bias is None else bias.data.clone(),
+                q.bits, q.group_size, {"method": "gguf", "ggml_type": q.ggml_type, "checkpoint": self.path}))
+        head_on_table = any(d["gguf_tensor"] == TIED_HEAD_SOURCE for d in details.values())
+        self._gguf_embedding(model, found, stems, details, head_on_table)
         for key, param in model.state_dict().items():
             stem, suffix = key.rsplit(".", 1)
             tensor = f"{stems.get(stem)}.{suffix}"
@@ -241,22 +234,21 @@ class CheckpointFormat(WeightFormat):
         return details
 
     @staticmethod
-    def _gguf_embedding(model: nn.Module, found: Any, stems: dict[str, str], details: dict[str, Any]) -> None:
+    def _gguf_embedding(model: nn.Module, found: Any, stems: dict[str, str], details: dict[str, Any],
+                        head_on_table: bool) -> None:
         """A token embedding the file holds in a block type stays in it: shared with the head when the head is
-        that very tensor (a tied model), else its own blocks (``BlockEmbedding``)."""
+        that very tensor (``head_on_table``: a tied model), else its own blocks (``BlockEmbedding``)."""
         from ..embedding import block_embedding_
-        from ..io.gguf_read import TIED_HEAD_SOURCE
+        from ..io.gguf_read import BLOCK_TYPES
 
         table = model.get_input_embeddings()
         name = next((n for n, m in model.named_modules() if m is table), None)
         key = f"{stems.get(name or '')}.weight"
         if name is None or key not in found.tensors or found.type_of(key) not in BLOCK_TYPES:
             return
-        tied = any(d.get("gguf_tensor") == TIED_HEAD_SOURCE for d in details.values())
-        shape = tuple(table.weight.shape)
-        new = block_embedding_(model) if tied else None
+        new = block_embedding_(model) if head_on_table else None
         if new is None:
-            new = block_embedding_(model, found.blocks(key, shape, name, model.config))  # type: ignore[arg-type]
+            new = block_embedding_(model, found.blocks(key, tuple(table.weight.shape), name, model.config))
         details[name] = {"ggml_type": new.ggml_type, "gguf_tensor": key, **({"tied_to_head": True} if new.tied else {})}
 
 

@@ -22,6 +22,7 @@ from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor,
 from .gguf import NORM_PLUS_ONE, PERMUTES_QK, architecture, qk_rows, tensor_name_map
 
 DENSE_TYPES = ("F32", "F16", "BF16")
+BLOCK_TYPES = frozenset(GGML_TYPES) - {FLOAT_SUBSTITUTE}  # what a linear keeps as blocks (else: dense values)
 TIED_HEAD_SOURCE = "token_embd.weight"
 
 
@@ -55,26 +56,28 @@ class GGUFTensors:
         names = tensor_name_map(self.arch, SimpleNamespace(num_hidden_layers=self.layers))
         return {m: stem for m in module_names if (stem := names.get_name(m)) is not None}
 
+    def tensor_for(self, module: str, stem: str | None, is_head: bool) -> str:
+        """The name of the tensor holding ``module``'s weight (``stem``: its GGUF name); a head the file does not
+        hold is llama.cpp's output: the token embedding."""
+        key = f"{stem}.weight"
+        if key not in self.tensors and is_head and TIED_HEAD_SOURCE in self.tensors:
+            key = TIED_HEAD_SOURCE
+        if key not in self.tensors:
+            raise UnsupportedError(f"{self.path}: no tensor for {module} (looked for {key})")
+        return key
+
     def linear_types(self, linears: dict[str, tuple[int, int]], head: str | None) -> dict[str, str]:
         """The ggml type each linear is stored in (a tied head without a tensor of its own: the embedding's)."""
         stems = self.names_for(list(linears))
-        types = {}
-        for module in linears:
-            key = f"{stems.get(module)}.weight"
-            if key not in self.tensors and module == head and TIED_HEAD_SOURCE in self.tensors:
-                key = TIED_HEAD_SOURCE
-            if key not in self.tensors:
-                raise UnsupportedError(f"{self.path}: no tensor for {module} (looked for {key})")
-            types[module] = self.type_of(key)
-        return types
+        return {m: self.type_of(self.tensor_for(m, stems.get(m), m == head)) for m in linears}
 
     def blocks(self, name: str, shape: tuple[int, int], module: str, config: Any) -> GGMLBlockTensor:
         """The tensor ``name`` as ggml blocks ``[out, row bytes]`` in the model's row order, for a weight ``shape``."""
         t = self.tensors[name]
         kind = t.tensor_type.name
-        if kind not in GGML_TYPES or kind == FLOAT_SUBSTITUTE:
+        if kind not in BLOCK_TYPES:
             raise UnsupportedError(f"{self.path}: {name} is {kind}; readable block types: "
-                                   f"{', '.join(k for k in GGML_TYPES if k != FLOAT_SUBSTITUTE)} (or F32/F16/BF16)")
+                                   f"{', '.join(sorted(BLOCK_TYPES))} (or F32/F16/BF16)")
         data = np.asarray(t.data)
         if data.shape != (shape[0], row_bytes(kind, shape[1])):
             raise UnsupportedError(f"{self.path}: {name} holds {data.shape[0]} rows of {data.shape[-1]} bytes; the "
