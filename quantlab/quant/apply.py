@@ -55,7 +55,7 @@ def quantize_(
     if calibration is not None and not isinstance(calibration, Calibration):
         calibration = Calibration(list(calibration))
     fmt.prepare_model_(model)
-    tied = _tied_embedding(model)
+    tied = tied_embedding(model)
     selected, kept = select_linears(model)
     for head in default_exclude(model):
         found = fmt.head_format(head) if head in kept else None
@@ -83,7 +83,7 @@ def quantize_(
     return QuantizeReport(replaced=list(details), kept=kept, details=details)
 
 
-def _tied_embedding(model: nn.Module) -> bool:
+def tied_embedding(model: nn.Module) -> bool:
     """Whether the input embedding and the output head are one tensor."""
     table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -60,20 +60,31 @@ def block_embedding_(model: nn.Module, table: GGMLBlockTensor | None = None) -> 
     """Replace ``model``'s input embedding by a ``BlockEmbedding``: of ``table`` when given, else of its output
     head's blocks (a head quantized in a ggml type whose table the embedding shares). None (nothing changed)
     when neither applies."""
+    old = model.get_input_embeddings()
+    if table is None:
+        new = tied_block_embedding(old, model.get_output_embeddings())
+    else:
+        new = None if getattr(old, "weight", None) is None else BlockEmbedding(table, old.weight.dtype, _scale(old))
+    if new is not None:
+        model.set_input_embeddings(new)
+    return new
+
+
+def tied_block_embedding(old: nn.Module, head: nn.Module | None) -> BlockEmbedding | None:
+    """A lookup standing in for the embedding ``old`` that reads the blocks of ``head`` (an output head quantized
+    in a ggml type, tied to ``old``), or None where the head holds no such blocks. Nothing is installed."""
     from .linear import QuantizedLinear
 
-    old = model.get_input_embeddings()
-    head = model.get_output_embeddings() if table is None else None
-    if table is None and not (isinstance(head, QuantizedLinear) and _holds_blocks(head.kernel)):
-        return None
     weight = getattr(old, "weight", None)
-    if weight is None:
+    if weight is None or not (isinstance(head, QuantizedLinear) and _holds_blocks(head.kernel)):
         return None
-    scale = getattr(old, "embed_scale", None)
-    new = BlockEmbedding(table, weight.dtype, scale if isinstance(scale, torch.Tensor) else None,
-                         None if table is not None else head.kernel)  # type: ignore[union-attr]
-    model.set_input_embeddings(new)
-    return new
+    return BlockEmbedding(None, weight.dtype, _scale(old), head.kernel)
+
+
+def _scale(embedding: nn.Module) -> torch.Tensor | None:
+    """The embedding's ``embed_scale`` (Gemma's scaled embedding), where it has one."""
+    scale = getattr(embedding, "embed_scale", None)
+    return scale if isinstance(scale, torch.Tensor) else None
 
 
 def _holds_blocks(kernel: Kernel) -> bool:

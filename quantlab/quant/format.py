@@ -173,6 +173,12 @@ class WeightFormat(BaseModel):
             new = self.quantize_module(name, old)
         return None if new is None else placed(new, old)
 
+    def observe_(self, model: nn.Module, names: list[str], calibration: Calibration | None,
+                 shared: dict[Any, Any]) -> None:
+        """Take from ``model``, before anything in it is quantized, what ``apply_`` will read of ``names`` (an
+        importance matrix). A mix calls it for each candidate before it applies any; candidates that would collect
+        the same thing find it in ``shared``, keyed by what determines it. Default: nothing to take."""
+
     def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
         """Replace the ``selected`` linear modules in place; returns per-module details (may be empty).
 

@@ -49,6 +49,7 @@ class GGUFFormat(QuantizedWeightFormat):
         "blocks, ggml's integer dot products; AVX2) or else ggml_cpu (weight-only), elsewhere dequantize+matmul")
 
     _types: dict[str, str] | None = PrivateAttr(None)  # a recipe's type per module, once it has seen the model
+    _observed: tuple[dict[str, torch.Tensor], dict[str, int]] | None = PrivateAttr(None)  # observe_'s importance
 
     @model_validator(mode="after")
     def _imatrix_path_needs_imatrix(self) -> "GGUFFormat":
@@ -149,7 +150,8 @@ class GGUFFormat(QuantizedWeightFormat):
         every selected linear its importance matrix (modules an override stores otherwise are already in theirs)."""
         from ..offload import onloaded, placed
 
-        means, tokens = self._importance(model, selected, calibration) if self.imatrix else ({}, {})
+        observed, self._observed = self._observed, None
+        means, tokens = observed or (self._importance(model, selected, calibration) if self.imatrix else ({}, {}))
         details: dict[str, Any] = {}
         for name in selected:
             old = model.get_submodule(name)
@@ -160,6 +162,17 @@ class GGUFFormat(QuantizedWeightFormat):
                              **({"imatrix_tokens": tokens[name]} if name in tokens else {}),
                              **({"imatrix_file": self.imatrix_path} if name in means and self.imatrix_path else {})}
         return details
+
+    def observe_(self, model: nn.Module, names: list[str], calibration: Calibration | None,
+                 shared: dict[Any, Any]) -> None:
+        """With ``imatrix``: the importance matrix of ``names`` from the model as it is now (unquantized), which
+        ``apply_`` then uses; candidates of one mix reading the same ``imatrix_path`` (or none) share one collection."""
+        if not self.imatrix:
+            return
+        key = ("imatrix", self.imatrix_path)
+        if key not in shared:
+            shared[key] = self._importance(model, names, calibration)
+        self._observed = shared[key]
 
     def _importance(self, model: nn.Module, selected: list[str], calibration: Calibration | None
                     ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:

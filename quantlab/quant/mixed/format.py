@@ -141,6 +141,12 @@ class MixedFormat(WeightFormat):
         return self if self.head and self.format_for(head) is not None else None
 
     @property
+    def embedding_format(self) -> WeightFormat | None:
+        """An untied table is stored as the budget format stores it (a named GGUF mix: in its default type), so
+        the mix and the file it is sized against hold the same table."""
+        return None if self.budget_format is None else self.budget_format.embedding_format
+
+    @property
     def calibrates_head(self) -> bool:
         return False  # the head's options are the candidates without calibration, and keeping it
 
@@ -228,12 +234,18 @@ class MixedFormat(WeightFormat):
         sizes = [[sum(self.candidates[j].linear_weight_bytes(*shapes[n], base) for n in g.modules) for j in opts]
                  for g, opts in zip(groups, options)]
         costs = [[table[(g.name, self.candidates[j].scheme_label)] for j in opts] for g, opts in zip(groups, options)]
+        table = _tied_table_bytes(model, heads)
         for k, g in enumerate(groups):
             if heads & set(g.modules):  # keeping the head is one more option, at no divergence
                 options[k].append(-1)
                 sizes[k].append(sum(_kept_head_bytes(model, n, base) for n in g.modules))
                 costs[k].append(0.0)
+                # A tied table in float is held beside any head that does not hold it: each option prices it
+                sizes[k] = [b + (0 if j >= 0 and self.candidates[j].head_holds_lookup_table else table)
+                            for j, b in zip(options[k], sizes[k])]
         budget = self.budget_for({n: shapes[n] for g in groups for n in g.modules}, base)
+        if table and not (self.budget_format is not None and self.budget_format.head_holds_lookup_table):
+            budget += table  # the budget's own head leaves the float table beside it (or it counts linears only)
         try:
             choice = choose(costs, sizes, budget)
         except InfeasibleBudget as e:
@@ -242,12 +254,25 @@ class MixedFormat(WeightFormat):
         for g, opts, pick in zip(groups, options, choice.options):
             if opts[pick] >= 0:
                 assigned.setdefault(opts[pick], []).extend(g.modules)
+        shared: dict[Any, Any] = {}
+        for option in assigned:  # statistics of the unquantized model, taken before any candidate changes it
+            self.candidates[option].observe_(model, selected, calibration, shared)
         details: dict[str, Any] = {}
         for option in sorted(assigned, key=lambda o: self.candidates[o].needs_calibration):  # calibrated ones last
             fmt = self.candidates[option]
             found = fmt.apply_(model, assigned[option], calibration)
             details.update({n: {**d, "format": fmt.scheme_label} for n, d in found.items()})
         return details
+
+
+def _tied_table_bytes(model: nn.Module, heads: set[str]) -> int:
+    """Bytes of the token embedding table when the output head among ``heads`` is tied to it (0 otherwise)."""
+    from ..apply import tied_embedding
+
+    if not heads or not tied_embedding(model):
+        return 0
+    weight = model.get_input_embeddings().weight
+    return weight.numel() * weight.element_size()
 
 
 def _kept_head_bytes(model: nn.Module, name: str, base: torch.dtype) -> int:

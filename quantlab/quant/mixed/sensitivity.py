@@ -81,11 +81,28 @@ def _swapped(model: nn.Module, replacements: dict[str, nn.Module]) -> Iterator[N
             model.set_submodule(name, module)
 
 
-def _calibrated_bank(model: nn.Module, fmt: WeightFormat, names: list[str], calibration: Calibration) -> dict[str, nn.Module]:
-    """Every one of ``names`` quantized by one calibrated application of ``fmt`` to a copy of the model."""
+def _calibrated_bank(model: nn.Module, fmt: WeightFormat, names: list[str], calibration: Calibration,
+                     shared: dict[Any, Any]) -> dict[str, nn.Module]:
+    """Every one of ``names`` quantized by one calibrated application of ``fmt`` to a copy of the model (what it
+    observes of the unquantized model shared with the other candidates through ``shared``)."""
+    fmt.observe_(model, names, calibration, shared)
     twin = copy.deepcopy(model)
     done = fmt.apply_(twin, names, calibration)
     return {name: twin.get_submodule(name) for name in done}
+
+
+def _tied_lookup(model: nn.Module, replacements: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """The token embedding reading the replaced output head's blocks, where the head is tied to it and its
+    replacement holds blocks a lookup reads (as the applied format will have it: one table), else nothing."""
+    from ..apply import default_exclude, tied_embedding
+    from ..embedding import tied_block_embedding
+
+    head = next((replacements[n] for n in default_exclude(model) if n in replacements), None)
+    if head is None or not tied_embedding(model):
+        return {}
+    table = model.get_input_embeddings()
+    lookup = tied_block_embedding(table, head)
+    return {} if lookup is None else {next(n for n, m in model.named_modules() if m is table): lookup}
 
 
 def scan_samples(calibration: Calibration, tokens: int) -> list[torch.Tensor]:
@@ -124,13 +141,16 @@ def scan(model: nn.Module, groups: list[ModuleGroup], candidates: list[WeightFor
     steps = progress([(c, g) for c in candidates for g in groups if (g.name, c.scheme_label) not in done],
                      "sensitivity, groups x formats")
     bank: dict[str, nn.Module] = {}
+    shared: dict[Any, Any] = {}
     current: WeightFormat | None = None
     for fmt, group in steps:
         if fmt is not current:
             current = fmt
-            bank = _calibrated_bank(model, fmt, names, calibration) if fmt.needs_calibration else {}
+            bank = _calibrated_bank(model, fmt, names, calibration, shared) if fmt.needs_calibration else {}
         replacements = {n: m for n in group.modules
                         if (m := bank.get(n) if fmt.needs_calibration else fmt.replacement(model, n)) is not None}
+        if fmt.head_holds_lookup_table:
+            replacements.update(_tied_lookup(model, replacements))
         row = {"group": group.name, "layer": group.layer, "module_type": group.kind, "format": fmt.scheme_label}
         if not replacements:  # the format keeps these linears as they are
             row.update(kl_divergence_mean=0.0, kl_divergence_p99=0.0, top1_agreement_percent=100.0, delta_perplexity=0.0)
