@@ -248,7 +248,8 @@ def _measure_decode(
         prefills.append(gen.prefill(ids))
     with decode_peak.track(), watch_machine(f"decode {batch_size}x{prompt_tokens}") as load:
         steps = gen.decode(new_tokens)
-    dtype = model.get_input_embeddings().weight.dtype
+    embedding = model.get_input_embeddings()  # its output dtype: a table's, or a lookup in ggml blocks' (BlockEmbedding)
+    dtype = embedding.weight.dtype if isinstance(getattr(embedding, "weight", None), torch.Tensor) else embedding.dtype
     memory = {
         "peak_memory_bytes": max(prefill_peak.peak_bytes, decode_peak.peak_bytes),
         "peak_prefill_bytes": prefill_peak.peak_bytes,

@@ -141,3 +141,21 @@ def test_a_generation_longer_than_its_static_cache_is_refused_before_it_runs() -
     assert len(gen.decode(4)) == 4
     with pytest.raises(ValueError, match="12 positions \\+ 1 steps exceed the static cache's 12"):
         gen.decode(1)
+
+
+def test_a_model_whose_token_embedding_is_held_in_ggml_blocks_is_measured() -> None:
+    """A named GGUF mix of a tied model looks its tokens up in the head's blocks (a module with no ``weight``):
+    decoding reads the cache's dtype from the lookup's output."""
+    from quantlab import quantize_
+    from quantlab.quant.embedding import BlockEmbedding
+    from quantlab.quant.format import build_format
+
+    model = make_llama(hidden_size=256)
+    quantize_(model, build_format({"format": "gguf", "recipe": "Q4_K_M"}))
+    assert isinstance(model.get_input_embeddings(), BlockEmbedding)
+    native = KV_FORMATS["native"].build()
+    record = measure_decode(model, native, batch_size=1, prompt_tokens=8, new_tokens=3, warmup_runs=0,
+                            prefill_repeats=1, seed=0, device=torch.device("cpu"), engine="eager").record(1)
+    assert record["decode_steps"] == 3
+    assert record["kv_cache_bytes"] == record["kv_cache_bytes_analytic"] == \
+        native.cache_bytes_analytic(model.config, 1, 11, torch.float32)
