@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..quant.kernels import native
+from ..quant.kernels.ops import native_op, register_fake
 
 if TYPE_CHECKING:
     from .static import CodeStore, StaticPackedLayer
@@ -107,16 +108,16 @@ def kv_values(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scal
     return out
 
 
-scores_op = torch.library.custom_op("quantlab::kv_scores", kv_scores, mutates_args=())
-values_op = torch.library.custom_op("quantlab::kv_values", kv_values, mutates_args=())
+scores_op = native_op("kv_scores", kv_scores)
+values_op = native_op("kv_values", kv_values)
 
 
-@scores_op.register_fake
+@register_fake(scores_op)
 def _(kind, bits, group, d, data, scales, zeros, n_valid, q):
     return q.new_empty(q.shape[0], q.shape[1], _heads_and_slots(kind, group, d, data)[1], dtype=torch.float32)
 
 
-@values_op.register_fake
+@register_fake(values_op)
 def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
     return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
 

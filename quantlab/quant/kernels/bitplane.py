@@ -20,6 +20,7 @@ from ..tensors.float_zero import FloatZeroTensor
 from ..tensors.primitives import pack
 from . import native
 from .base import KERNELS, OUT_KINDS, FusedRowsKernel, act_order_columns, group_index, traced
+from .ops import native_op, register_fake
 
 BLOCK = 32  # codes per block: input widths and group sizes must be multiples of it
 SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -91,16 +92,16 @@ def bitplane_dequantize(planes: torch.Tensor, scales: torch.Tensor, zeros: torch
 
 
 # The same functions as torch ops, for torch.compile.
-matmul_op = torch.library.custom_op("quantlab::bitplane_matmul", bitplane_matmul, mutates_args=())
-dequantize_op = torch.library.custom_op("quantlab::bitplane_dequantize", bitplane_dequantize, mutates_args=())
+matmul_op = native_op("bitplane_matmul", bitplane_matmul)
+dequantize_op = native_op("bitplane_dequantize", bitplane_dequantize)
 
 
-@matmul_op.register_fake
+@register_fake(matmul_op)
 def _(x, planes, scales, zeros, bits, group):
     return x.new_empty(x.shape[0], planes.shape[0], dtype=torch.float32)
 
 
-@dequantize_op.register_fake
+@register_fake(dequantize_op)
 def _(planes, scales, zeros, bits, group, n_in, row0, row1, dtype):
     return planes.new_empty(row1 - row0, n_in, dtype=dtype)
 

@@ -13,6 +13,7 @@ import torch
 from ..tensors.float8 import Float8Tensor
 from . import native
 from .base import KERNELS, OUT_KINDS, FusedRowsKernel, Kernel, traced
+from .ops import native_op, register_fake
 
 KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kernel's code
 
@@ -49,16 +50,16 @@ def fp8_dequantize(data: torch.Tensor, scales: torch.Tensor, row0: int, row1: in
     return out
 
 
-matmul_op = torch.library.custom_op("quantlab::fp8_matmul", fp8_matmul, mutates_args=())
-dequantize_op = torch.library.custom_op("quantlab::fp8_dequantize", fp8_dequantize, mutates_args=())
+matmul_op = native_op("fp8_matmul", fp8_matmul)
+dequantize_op = native_op("fp8_dequantize", fp8_dequantize)
 
 
-@matmul_op.register_fake
+@register_fake(matmul_op)
 def _(x, data, scales):
     return x.new_empty(x.shape[0], data.shape[0], dtype=torch.float32)
 
 
-@dequantize_op.register_fake
+@register_fake(dequantize_op)
 def _(data, scales, row0, row1, dtype):
     return data.new_empty(row1 - row0, data.shape[1], dtype=dtype)
 

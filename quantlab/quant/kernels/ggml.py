@@ -24,6 +24,7 @@ from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor,
 from ..tensors.primitives import check_finite
 from . import native
 from .base import KERNELS, FusedRowsKernel, traced
+from .ops import native_op, register_fake
 
 
 @functools.cache
@@ -129,22 +130,22 @@ def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, 
     return dequantize_blocks(blocks, ggml_type, n_in, slice(row0, row1)).to(dtype)
 
 
-matmul_op = torch.library.custom_op("quantlab::ggml_matmul", ggml_matmul, mutates_args=())
-matmul_q8_op = torch.library.custom_op("quantlab::ggml_matmul_q8", ggml_matmul_q8, mutates_args=())
-dequantize_op = torch.library.custom_op("quantlab::ggml_dequantize", ggml_dequantize, mutates_args=())
+matmul_op = native_op("ggml_matmul", ggml_matmul)
+matmul_q8_op = native_op("ggml_matmul_q8", ggml_matmul_q8)
+dequantize_op = native_op("ggml_dequantize", ggml_dequantize)
 
 
-@matmul_op.register_fake
+@register_fake(matmul_op)
 def _(x, blocks, ggml_type):
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
-@matmul_q8_op.register_fake
+@register_fake(matmul_q8_op)
 def _(x, blocks, ggml_type):
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
-@dequantize_op.register_fake
+@register_fake(dequantize_op)
 def _(blocks, ggml_type, n_in, row0, row1, dtype):
     return blocks.new_empty(row1 - row0, n_in, dtype=dtype)
 

@@ -16,6 +16,7 @@ import torch
 from ..tensors.codebook import CODEBOOKS, CodebookTensor, dynamic_map
 from . import native
 from .base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
+from .ops import native_op, register_fake
 
 ABSMAX_F32, ABSMAX_DQ = 0, 1
 
@@ -69,16 +70,16 @@ def lut4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Te
 
 
 # The same functions as torch ops, for torch.compile.
-matmul_op = torch.library.custom_op("quantlab::lut4_matmul", lut4_matmul, mutates_args=())
-dequantize_op = torch.library.custom_op("quantlab::lut4_dequantize", lut4_dequantize, mutates_args=())
+matmul_op = native_op("lut4_matmul", lut4_matmul)
+dequantize_op = native_op("lut4_dequantize", lut4_dequantize)
 
 
-@matmul_op.register_fake
+@register_fake(matmul_op)
 def _(x, packed, absmax, scale2, offset, codebook, block):
     return x.new_empty(x.shape[0], packed.shape[0], dtype=torch.float32)
 
 
-@dequantize_op.register_fake
+@register_fake(dequantize_op)
 def _(packed, absmax, scale2, offset, codebook, block, n_in, row0, row1, dtype):
     return packed.new_empty(row1 - row0, n_in, dtype=dtype)
 
