@@ -402,6 +402,20 @@ def _resolve_formats(data: dict[str, Any], key: str, registry: Registry[Any], fi
     data[key] = [resolve_format(registry, e, file, f"{key}[{i}]") for i, e in enumerate(entries)]
 
 
+def _resolve_format_files(entry: Any, base: Path) -> None:
+    """Every ``*_path`` field (a file a format reads or writes: an importance matrix, a sensitivity table) of a
+    weight entry and of the formats inside it (a mix's candidates and budget, overrides), made absolute."""
+    if isinstance(entry, list):
+        for item in entry:
+            _resolve_format_files(item, base)
+    elif isinstance(entry, dict):
+        for key, value in entry.items():
+            if key.endswith("_path") and isinstance(value, str):
+                entry[key] = str((base / os.path.expanduser(value)).resolve())
+            elif isinstance(value, (dict, list)):
+                _resolve_format_files(value, base)
+
+
 def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
     model = data.get("model")
     if isinstance(model, dict):
@@ -418,8 +432,7 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
             if not (p.is_file() if kind == "file" else p.is_dir()):
                 raise RecipeError(file, f"weights[{i}].path", f"no such {kind}: {p}")
             entry["path"] = str(p)
-        for key in [k for k in entry if k.endswith("_path") and isinstance(entry[k], str)] if isinstance(entry, dict) else []:
-            entry[key] = str((base / os.path.expanduser(entry[key])).resolve())  # a file the format reads or writes
+        _resolve_format_files(entry, base)
     evaluations = data.get("evaluations") if isinstance(data.get("evaluations"), dict) else {}
     for i, task in enumerate(evaluations.get("lm_eval_tasks") or []):
         if isinstance(task, dict) and isinstance(task.get("include_path"), str):

@@ -184,3 +184,19 @@ def test_perplexity_reads_the_kv_cache_by_default_when_a_recipe_compares_kv_form
                                 "evaluations": {"perplexity": {"protocol": "windows", "window_tokens": 256}}})
     assert explicit.evaluations.perplexity.name == "windows"  # the opt-out
     assert validate_recipe(explicit.to_spec()).evaluations.perplexity.name == "windows"
+
+
+def test_files_named_by_formats_inside_a_mix_resolve_beside_the_recipe(tmp_path: Path) -> None:
+    """A mix's candidates read and write their importance matrix where the recipe says, not in the directory the
+    run was started from (before: a candidate's relative imatrix_path resolved against the working directory)."""
+    candidate = {"format": "gguf", "type": "Q4_K", "imatrix": True, "imatrix_path": "../shared/imatrix.gguf"}
+    spec = {"name": "m", "model": {"bundled": "tiny-stdlib-llama"},
+            "weights": ["fp32", {"format": "mixed", "candidates": [candidate, {**candidate, "type": "Q6_K"}],
+                                 "budget_format": {"format": "gguf", "recipe": "Q4_K_M"}, "head": True,
+                                 "sensitivity_path": "scan.csv"}]}
+    (tmp_path / "recipes").mkdir()
+    recipe = load_recipe(_write(tmp_path / "recipes", spec))
+    mix = recipe.weights[1]
+    expected = str((tmp_path / "shared" / "imatrix.gguf").resolve())
+    assert [c.imatrix_path for c in mix.candidates] == [expected, expected]
+    assert mix.sensitivity_path == str((tmp_path / "recipes" / "scan.csv").resolve())
