@@ -236,13 +236,14 @@ class MixedFormat(WeightFormat):
         costs = [[table[(g.name, self.candidates[j].scheme_label)] for j in opts] for g, opts in zip(groups, options)]
         table = _tied_table_bytes(model, heads)
         for k, g in enumerate(groups):
-            if heads & set(g.modules):  # keeping the head is one more option, at no divergence
-                options[k].append(-1)
-                sizes[k].append(sum(_kept_head_bytes(model, n, base) for n in g.modules))
-                costs[k].append(0.0)
-                # A tied table in float is held beside any head that does not hold it: each option prices it
-                sizes[k] = [b + (0 if j >= 0 and self.candidates[j].head_holds_lookup_table else table)
+            if heads & set(g.modules):
+                # A tied table stays in float beside a quantized head that does not hold it
+                sizes[k] = [b + (0 if self.candidates[j].head_holds_lookup_table else table)
                             for j, b in zip(options[k], sizes[k])]
+                options[k].append(-1)  # keeping the head is one more option, at no divergence: its float bytes
+                sizes[k].append(sum(linear_weight(model.get_submodule(n)).numel() for n in g.modules)
+                                * torch.empty((), dtype=base).element_size())
+                costs[k].append(0.0)
         budget = self.budget_for({n: shapes[n] for g in groups for n in g.modules}, base)
         if table and not (self.budget_format is not None and self.budget_format.head_holds_lookup_table):
             budget += table  # the budget's own head leaves the float table beside it (or it counts linears only)
@@ -273,13 +274,3 @@ def _tied_table_bytes(model: nn.Module, heads: set[str]) -> int:
         return 0
     weight = model.get_input_embeddings().weight
     return weight.numel() * weight.element_size()
-
-
-def _kept_head_bytes(model: nn.Module, name: str, base: torch.dtype) -> int:
-    """Bytes an unquantized output head adds: none when tied to the input embedding (the lookup keeps the table)."""
-    weight = linear_weight(model.get_submodule(name))
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embedding is not None and getattr(embedding, "weight", None) is not None \
-            and embedding.weight.data_ptr() == weight.data_ptr():
-        return 0
-    return weight.numel() * torch.empty((), dtype=base).element_size()

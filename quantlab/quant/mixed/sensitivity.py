@@ -25,6 +25,7 @@ from torch import nn
 from ...eval.divergence import compare, reference
 from ...progress import progress
 from ..calibrate.layers import decoder_layers
+from ..embedding import tied_block_embedding
 from ..format import Calibration, WeightFormat
 from ..offload import execution_device
 from .groups import ModuleGroup
@@ -91,18 +92,15 @@ def _calibrated_bank(model: nn.Module, fmt: WeightFormat, names: list[str], cali
     return {name: twin.get_submodule(name) for name in done}
 
 
-def _tied_lookup(model: nn.Module, replacements: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """The token embedding reading the replaced output head's blocks, where the head is tied to it and its
-    replacement holds blocks a lookup reads (as the applied format will have it: one table), else nothing."""
+def _tied_table(model: nn.Module) -> tuple[str, str, nn.Module] | None:
+    """(output head's name, token embedding's name, the embedding) where the two share one table, else None."""
     from ..apply import default_exclude, tied_embedding
-    from ..embedding import tied_block_embedding
 
-    head = next((replacements[n] for n in default_exclude(model) if n in replacements), None)
-    if head is None or not tied_embedding(model):
-        return {}
+    heads = default_exclude(model)
+    if not heads or not tied_embedding(model):
+        return None
     table = model.get_input_embeddings()
-    lookup = tied_block_embedding(table, head)
-    return {} if lookup is None else {next(n for n, m in model.named_modules() if m is table): lookup}
+    return heads[0], next(n for n, m in model.named_modules() if m is table), table
 
 
 def scan_samples(calibration: Calibration, tokens: int) -> list[torch.Tensor]:
@@ -142,6 +140,7 @@ def scan(model: nn.Module, groups: list[ModuleGroup], candidates: list[WeightFor
                      "sensitivity, groups x formats")
     bank: dict[str, nn.Module] = {}
     shared: dict[Any, Any] = {}
+    tied = _tied_table(model)
     current: WeightFormat | None = None
     for fmt, group in steps:
         if fmt is not current:
@@ -149,8 +148,11 @@ def scan(model: nn.Module, groups: list[ModuleGroup], candidates: list[WeightFor
             bank = _calibrated_bank(model, fmt, names, calibration, shared) if fmt.needs_calibration else {}
         replacements = {n: m for n in group.modules
                         if (m := bank.get(n) if fmt.needs_calibration else fmt.replacement(model, n)) is not None}
-        if fmt.head_holds_lookup_table:
-            replacements.update(_tied_lookup(model, replacements))
+        if tied is not None and tied[0] in replacements and fmt.head_holds_lookup_table:
+            # the lookup reads the replaced head's blocks, as the applied format will have it (one table)
+            lookup = tied_block_embedding(tied[2], replacements[tied[0]])
+            if lookup is not None:
+                replacements[tied[1]] = lookup
         row = {"group": group.name, "layer": group.layer, "module_type": group.kind, "format": fmt.scheme_label}
         if not replacements:  # the format keeps these linears as they are
             row.update(kl_divergence_mean=0.0, kl_divergence_p99=0.0, top1_agreement_percent=100.0, delta_perplexity=0.0)

@@ -37,8 +37,8 @@ def _mix(imatrix: bool = False, **fields):
 
 def _file_bytes(model: torch.nn.Module) -> int:
     """Every tensor's bytes as a GGUF file holds them: the linears, the head, the table once, the norms."""
-    return weight_bytes_analytic(model) - sum(b.numel() * b.element_size() for _, b in model.named_buffers()
-                                              if "rotary" in _)
+    return weight_bytes_analytic(model) - sum(b.numel() * b.element_size() for name, b in model.named_buffers()
+                                              if "rotary" in name)
 
 
 def test_a_tied_head_in_the_mix_holds_the_table_and_the_file_stays_within_the_named_mix_s() -> None:
@@ -97,7 +97,7 @@ def test_every_candidate_quantizes_with_one_importance_matrix_of_the_unquantized
 def test_the_scan_scores_a_tied_head_with_the_lookup_that_reads_its_blocks() -> None:
     model = make_llama(hidden_size=256)
     fmt = build_format({"format": "gguf", "type": "Q3_K"})
-    groups = [g for g in group_linears(model, ["lm_head"], "module")]
+    groups = group_linears(model, ["lm_head"], "module")
     g = torch.Generator().manual_seed(1)
     samples = [torch.randint(0, 4096, (1, 32), generator=g) for _ in range(4)]
     row, = scan(model, groups, [fmt], samples, None)
