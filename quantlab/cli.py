@@ -1,4 +1,4 @@
-"""The ``quantlab`` command: run | report | compare | estimate | sensitivity | export | formats."""
+"""The ``quantlab`` command: run | report | compare | estimate | sensitivity | export | init | formats."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +14,7 @@ def _run(args: argparse.Namespace) -> int:
     from .run.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails here, before the runner and reports are imported
-    from .report import load_rows
+    from .report import load_rows, run_summary
     from .run.runner import run_recipe
 
     if args.threads:
@@ -23,19 +23,19 @@ def _run(args: argparse.Namespace) -> int:
     if args.executor or args.address:
         fields = {"kind": args.executor or recipe.executor.kind, **({"address": args.address} if args.address else {})}
         executor = recipe.executor.model_copy(update=fields)
-    out = run_recipe(recipe, args.out, shard=parse_shard(args.shard) if args.shard else None, executor=executor)
+    out = run_recipe(recipe, args.out, shard=parse_shard(args.shard) if args.shard else None, executor=executor,
+                     retime=args.retime, add=args.add)
     try:
         rows, _ = load_rows(out)
     except QuantlabError:  # a shard with no variant of its own in an empty folder
         print(f"quantlab: no results in {out} yet", file=sys.stderr)
         return 0
-    print(out / "report.md")
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         print(f"quantlab: {len(failed)} of {len(rows)} variants failed (the report lists them): "
               + "; ".join(f"{r['variant']}: {r.get('error')}" for r in failed), file=sys.stderr)
-        return 1
-    return 0
+    print(run_summary(out), flush=True)
+    return 1 if failed else 0
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -52,7 +52,13 @@ def _report(args: argparse.Namespace) -> int:
     if not Path(args.dir).is_dir():
         raise QuantlabError(f"{args.dir}: no such results folder")
     try:
-        print(write_report(Path(args.dir), log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr)))
+        path = write_report(Path(args.dir), log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
+        if args.summary:
+            from .report import run_summary
+
+            print(run_summary(Path(args.dir)))
+        else:
+            print(path)
     except PermissionError as e:
         raise QuantlabError(f"{args.dir}: cannot write the views there ({e.strerror}: {e.filename}); copy the folder "
                             "somewhere writable or ask for write permission") from None
@@ -106,6 +112,28 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    from .starter import shipped_recipes, write_example, write_starter
+
+    if args.list:
+        for name, path in shipped_recipes().items():
+            first = path.read_text(encoding="utf-8").splitlines()[0].lstrip("# ").strip()
+            print(f"{name:<22} {first}")
+        return 0
+    folder = Path(args.dir)
+    if args.example:
+        path, copied = write_example(args.example, folder, args.force)
+        if args.name:
+            print(f"quantlab: --example keeps the example's own name ({args.example})", file=sys.stderr)
+        for c in copied:
+            print(f"quantlab: copied the lm-eval tasks it names to {c}", file=sys.stderr)
+    else:
+        path = write_starter(args.name or "my-recipe", folder, args.force)
+    print(f"quantlab: wrote {path}; measure it with: quantlab run {path}", file=sys.stderr)
+    print(path)
+    return 0
+
+
 def _formats(args: argparse.Namespace) -> int:
     from .eval.perplexity import PERPLEXITY_PROTOCOLS
     from .kv import KV_FORMATS
@@ -120,7 +148,7 @@ def _formats(args: argparse.Namespace) -> int:
         print(f"{registry.kind}s:")
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())
-            on_cpu = f" -> CPU kernel: {kernels[entry.name]}" if entry.name in kernels else ""
+            on_cpu = f" -> CPU kernel: {kernels[entry.name]}" if registry is WEIGHT_FORMATS and entry.name in kernels else ""
             print(f"  {entry.name:<10} {entry.summary}" + (f" [{fixed}]" if fixed else "") + on_cpu)
     print("matmul kernels (kernel: auto tries them in this order):")
     for path, cls in KERNELS.items():
@@ -232,11 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", metavar="I/N", default=None,
                      help="measure only shard I of N (0 <= I < N) of the variants, by a stable hash of each variant's "
                      "config: N array jobs into one shared --out cover every variant once")
+    run.add_argument("--retime", action="store_true",
+                     help="measure again the decode timing of the variants whose timing was flagged noisy (their "
+                     "quality figures and exports are kept); run it on a quiet machine")
+    run.add_argument("--add", action="store_true",
+                     help="add this recipe's variants to an output folder that holds another recipe's records "
+                     "(without it such a folder is refused)")
     run.set_defaults(func=_run)
     report = sub.add_parser("report", help="rebuild the views (reports, tables, results.jsonl) from records/",
                             description="Rebuild the report and tables of a finished or interrupted run from its "
                             "records/ (a folder written before records is read from its results.jsonl).")
     report.add_argument("dir", help="a run's output folder")
+    report.add_argument("--summary", action="store_true",
+                        help="print the answer (as quantlab run ends) instead of the report's path")
     report.set_defaults(func=_report)
     compare = sub.add_parser("compare", help="one report across runs, variants aligned by label",
                              description="Build compare.md, compare.html and compare.csv from two or more result "
@@ -294,6 +330,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--to", required=True, help="target: gguf (llama.cpp) or gptq (GPTQModel, transformers)")
     export.add_argument("--out", type=Path, required=True, help="folder to write")
     export.set_defaults(func=_export)
+    init = sub.add_parser("init", help="write a starter recipe, or a shipped example recipe, to start from",
+                          description="Write a commented starter recipe NAME.yaml (default my-recipe.yaml) into the "
+                          "current folder, or with --example one of the recipes shipped with quantlab (--list names "
+                          "them), with any lm-eval task folder it names.")
+    init.add_argument("name", nargs="?", default=None, help="recipe name: the file NAME.yaml and its run folder")
+    init.add_argument("--example", default=None, metavar="NAME", help="a shipped recipe (quickstart, smollm2-135m, "
+                      "gemma3-270m, ...; --list shows every one)")
+    init.add_argument("--list", action="store_true", help="list the shipped example recipes")
+    init.add_argument("--dir", default=".", help="folder to write into (default: the current one)")
+    init.add_argument("--force", action="store_true", help="replace an existing file of the same name")
+    init.set_defaults(func=_init)
     formats = sub.add_parser("formats", help="list the registered formats, protocols, executors and kernels",
                              description="List every registered weight and KV-cache format, perplexity protocol, "
                              "executor and matmul kernel with one line each.")

@@ -63,7 +63,8 @@ BUILTIN_TEXTS: dict[str, Callable[[], str]] = {
 }
 
 
-def _read_file(path: Path) -> str:
+def read_text_file(path: Path) -> str:
+    """A local .txt file's text, or a .jsonl file's ``text`` fields joined by blank lines."""
     if path.suffix == ".jsonl":
         texts = []
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -102,7 +103,7 @@ def load_text(source: Any) -> Text:
     path = Path(source)
     if not path.is_file():
         raise QuantlabError(f"no such text: {source} (built-in: {', '.join(BUILTIN_TEXTS)})")
-    return Text(str(path), _read_file(path))
+    return Text(str(path), read_text_file(path))
 
 
 def calibration_samples(ids: "torch.Tensor", n_samples: int, seq_len: int, seed: int) -> list["torch.Tensor"]:

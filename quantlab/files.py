@@ -52,6 +52,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, write)
 
 
+def save_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` through ``atomic_write``: whole or absent, and with the permissions a plain
+    ``open()`` gives (safetensors itself creates its files 0600)."""
+    from safetensors.torch import save_file
+
+    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
 def read_jsonl(path: Path, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The objects of a JSON-lines file. A torn last line (a crash mid-write) is skipped with a warning naming
     the file and line; a corrupt line before the last is an error naming them."""

@@ -183,6 +183,7 @@ def test_weights_that_cannot_be_read_are_refused_at_the_first_load_naming_the_fi
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_compare_warns_about_runs_with_different_workloads(tmp_path: Path) -> None:
     from report.conftest import make_row, write_run
 

@@ -35,7 +35,10 @@ def _params(registry: Any) -> list[Any]:
     out = []
     for name in registry.names():
         cls = registry[name].cls
-        marks = [pytest.mark.slow] if getattr(cls, "slow_to_apply", False) else []
+        # a library of its own, a calibration or a sensitivity scan: seconds each, so CI's slow tier runs them
+        slow = getattr(cls, "slow_to_apply", False) or getattr(cls, "requires_calibration", False) or \
+            bool(getattr(cls, "format_fields", ()))
+        marks = [pytest.mark.slow] if slow else []
         if cls.example_fields is None:
             marks.append(pytest.mark.skip(reason=f"{name} needs files of its own; its own tests cover it"))
         out.append(pytest.param(name, marks=marks, id=name))

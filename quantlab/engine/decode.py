@@ -23,6 +23,7 @@ from ..errors import UnsupportedError
 from ..kv import KVFormat
 from ..kv.code_attention import available as code_attention_available
 from ..kv.hf_compat import cache_kwarg
+from ..progress import stage
 from .attention import CACHE_KWARG, mark_code_attention
 from .compiled import (
     ATTENTION,
@@ -169,13 +170,15 @@ class DecodeEngine:
         return Generation(self.model, self.kv, self.device, self.step, self.max_cache_len)
 
     def warm_up(self, ids: torch.Tensor, steps: int) -> None:
-        gen = self.generation()
-        gen.prefill(ids)
-        started = time.perf_counter()
-        gen.decode(1)
-        if self.compiled and "compile_s" not in self.options:
-            self.options["compile_s"] = round(time.perf_counter() - started, 3)
-        gen.decode(steps - 1)
+        first = self.compiled and "compile_s" not in self.options
+        with stage("compiling the decode step" if first else "warming up"):
+            gen = self.generation()
+            gen.prefill(ids)
+            started = time.perf_counter()
+            gen.decode(1)
+            if first:
+                self.options["compile_s"] = round(time.perf_counter() - started, 3)
+            gen.decode(steps - 1)
 
 
 def measure_decode(

@@ -27,6 +27,16 @@ class KVFormat(BaseModel):
         """Why this format cannot serve a model of this config (checked before a run starts), or None."""
         return None
 
+    def full_precision_tokens(self, tokens: int) -> int | None:
+        """How many of ``tokens`` cached positions this format keeps unquantized in a global layer (its recent
+        residual window), or None when it quantizes none apart (a cast) or the backend decides."""
+        residual = getattr(self, "residual_tokens", None)
+        return min(residual, tokens) if isinstance(residual, int) and residual > 0 else None
+
+    def missing_dependency(self) -> str | None:
+        """What to install when a package this format needs is missing, or None; asked before a run starts."""
+        return None
+
     def check_positions(self, positions: int) -> tuple[str, str] | None:
         """``(field, problem)`` when a cache holding at most ``positions`` positions (the run's longest generation
         or cache-read window) would store none of them in this format, or None."""

@@ -41,6 +41,17 @@ class HFQuantizedKV(KVFormat):
     def label(self) -> str:
         return f"hf-{self.backend}-int{self.bits}-g{self.group_size}-r{self.residual_tokens}"
 
+    def missing_dependency(self) -> str | None:
+        import importlib.util
+
+        module, install = ("optimum.quanto", "pip install 'quantlab[kv]'") if self.backend == "quanto" else \
+            ("hqq", "pip install hqq")
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # the parent package (optimum) is missing
+            found = False
+        return None if found else f"KV format {self.label} needs {module.split('.')[-1]}: {install}"
+
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         from transformers import QuantizedCache
 

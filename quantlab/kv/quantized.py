@@ -45,6 +45,12 @@ class PackedKVFormat(KVFormat):
     def cache_bytes(self, cache: Cache) -> int:
         return sum(layer.nbytes for layer in cache.layers)
 
+    def full_precision_tokens(self, tokens: int) -> int | None:
+        from .packed import PackedKVLayer
+
+        key, value, residual = self.codecs()
+        return PackedKVLayer(key, value, residual).residual_after(tokens) if residual > 0 else None
+
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype,
                              static: bool = False) -> int:
         """Per layer: positions stored through the codecs + the residual in ``dtype``. A sliding-window layer

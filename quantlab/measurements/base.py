@@ -41,6 +41,8 @@ class Column:
     higher_is_better: bool | None = None
     summary: bool = True  # in the main table (else only in the CSV and the per-point table)
     spread: tuple[str, str] | None = None
+    timing: Literal["strike", "blank"] | None = None  # a figure of the timed decode: where the row's timing is noisy,
+    # shown struck through ("strike") or left blank ("blank"); its ratio to the baseline is left blank either way
 
     @property
     def compare_field(self) -> str | None:

@@ -26,6 +26,7 @@ from ..models import (
     model_location,
     model_source,
 )
+from ..progress import stage
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
 from ..quant.calibrate.samples import calibration_from_text
@@ -44,10 +45,12 @@ def serve_in_llama_cpp(ctx: "VariantContext") -> Any:
 
     folder = (export_folder(ctx.run_folder, ctx.variant.label, "gguf") if ctx.run_folder is not None
               else Path(tempfile.mkdtemp(prefix="quantlab-llama-cpp-")))
-    export_(ctx.model, "gguf", folder, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
+    with stage("exporting the variant to GGUF for llama.cpp"):
+        export_(ctx.model, "gguf", folder, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
     w = ctx.recipe.workload
     n_ctx = max(p for _, p in w.points()) + w.new_tokens
-    return LlamaCppVariant(folder / GGUF_FILE, ctx.variant.kv, torch.get_num_threads(), n_ctx)
+    with stage("starting llama.cpp on the exported file"):
+        return LlamaCppVariant(folder / GGUF_FILE, ctx.variant.kv, torch.get_num_threads(), n_ctx)
 
 
 def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
@@ -68,9 +71,10 @@ def config_estimate(model_spec: Any) -> Any | None:
 
 def load_baseline(recipe: Any, device: torch.device) -> tuple[LoadedModel, QuantizeReport]:
     """The recipe's baseline variant in this process: its model loaded and its weight format applied."""
-    loaded = load_model(recipe.model, device, recipe.seed)
     weight = recipe.baseline_variant.weight
-    report = quantize_(loaded.model, weight, calibration_for(recipe, loaded) if weight.needs_calibration else None)
+    with stage(f"loading the baseline ({weight.label}) for its distributions"):
+        loaded = load_model(recipe.model, device, recipe.seed)
+        report = quantize_(loaded.model, weight, calibration_for(recipe, loaded) if weight.needs_calibration else None)
     return loaded, report
 
 
@@ -177,10 +181,12 @@ class VariantContext:
             self.weights_source = {"reused": _relative(path, self.run_folder), "quantize_s": saved["quantize_s"],
                                    "by_variant": saved["variant"]}
             return
-        self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
+        with stage(f"loading the model ({self.recipe.model.label})"):
+            self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
         weight = self.variant.weight
         calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
-        self.quantize_report = quantize_(self.loaded.model, weight, calibration)
+        with stage(f"quantizing as {weight.label}"):
+            self.quantize_report = quantize_(self.loaded.model, weight, calibration)
         self.quantize_s = round(time.perf_counter() - start, 3)
         self.weights_source = {"quantized": "here"}
         if path is not None and save_shared_weights(path, self.loaded.model, self.quantize_report, self.quantize_s,

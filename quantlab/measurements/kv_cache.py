@@ -9,6 +9,7 @@ class KVCacheBytes(Result):
     kv_cache_bytes_analytic: int | None = None
     kv_cache_bytes_estimate: int | None = None
     kv_cache_tokens: int
+    kv_cache_full_precision_tokens: int | None = None  # of those, kept unquantized (a format's recent residual window)
 
 
 @register("kv_cache", "bytes the KV cache holds after the timed generation, beside its formula and the config's")
@@ -32,7 +33,8 @@ class KVCache(Measurement):
                      if estimate else None)
         return KVCacheBytes(kv_cache_bytes=gen.memory["kv_cache_bytes"],
                             kv_cache_bytes_analytic=gen.memory["kv_cache_bytes_analytic"],
-                            kv_cache_bytes_estimate=predicted, kv_cache_tokens=tokens)
+                            kv_cache_bytes_estimate=predicted, kv_cache_tokens=tokens,
+                            kv_cache_full_precision_tokens=ctx.variant.kv.full_precision_tokens(tokens))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
         def n(x: object) -> str:

@@ -30,10 +30,10 @@ class Latency(Measurement):
     scope = "point"
     title = "latency"
     columns = (
-        Column("prefill_ms", "prefill ms", ".2f", higher_is_better=False),
+        Column("prefill_ms", "prefill ms", ".2f", higher_is_better=False, timing="strike"),
         Column("decode_ms_per_token", "decode ms/token (p10–p90)", ".2f", higher_is_better=False,
-               spread=("decode_ms_p10", "decode_ms_p90")),
-        Column("tokens_per_s", "tokens/s", ".1f", compare="ratio", higher_is_better=True),
+               spread=("decode_ms_p10", "decode_ms_p90"), timing="strike"),
+        Column("tokens_per_s", "tokens/s", ".1f", compare="ratio", higher_is_better=True, timing="strike"),
     )
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]

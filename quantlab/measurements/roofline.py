@@ -24,7 +24,7 @@ class Roofline(Measurement):
     scope = "point"
     derived = True
     title = "roofline"
-    columns = (Column("roofline_share", "roofline", ".1%", higher_is_better=True),)
+    columns = (Column("roofline_share", "roofline", ".1%", higher_is_better=True, timing="blank"),)
 
     def derive(self, row: dict[str, Any]) -> RooflineShare | None:
         """From the point's decode time, steps, prompt and KV bytes, the variant's weight bytes read per step and

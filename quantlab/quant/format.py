@@ -116,6 +116,17 @@ class WeightFormat(BaseModel):
         """The checkpoint formats a model quantized with this config can be written in (``gptq``: ``save_gptq``)."""
         return ()
 
+    exports_decided_at_export: ClassVar[bool] = False  # True: whether it exports depends on the quantized model
+
+    def export_refusal(self, to: str) -> str | None:
+        """Why a model in this format cannot be written as ``to``, decided from the config alone (before any model
+        is loaded), or None: it can, or only the quantized model can tell."""
+        if to in self.exports or self.exports_decided_at_export:
+            return None
+        others = ", ".join(self.exports) or "no target"
+        return (f"weight format {self.label} cannot be written as {to} (its numbers export to: {others}); formats "
+                f"that export to {to}: {', '.join(formats_exporting_to(to)) or 'none'}")
+
     @property
     def embedding_format(self) -> "WeightFormat | None":
         """The format an untied token embedding table is stored in (llama.cpp's named mixes store ``token_embd`` in
@@ -128,6 +139,12 @@ class WeightFormat(BaseModel):
         """Whether a tied embedding, once the head is in this format, looks its rows up in the head's stored
         blocks (one table, as a GGUF without ``output.weight``) instead of keeping a copy beside them."""
         return False
+
+    def missing_dependency(self) -> str | None:
+        """What to install when a package this format needs (an optional extra) is missing, or None; asked before a
+        run starts."""
+        found = [o.format.missing_dependency() for o in self.overrides]
+        return next((m for m in found if m), None)
 
     def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
                     base: torch.dtype) -> tuple[str, str] | None:
@@ -264,3 +281,16 @@ for _cls in (WeightFormat, QuantizedWeightFormat):
     _cls.model_rebuild()
 
 WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format")
+
+
+def formats_exporting_to(to: str) -> list[str]:
+    """The registered weight-format names whose example writes to export target ``to``."""
+    names = []
+    for entry in WEIGHT_FORMATS.entries():
+        try:
+            example = entry.example()
+        except Exception:  # noqa: BLE001 - an example that needs files or a package: not listed
+            continue
+        if example is not None and to in example.exports:
+            names.append(entry.name)
+    return names

@@ -13,9 +13,12 @@ from ..files import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text
 from ..measurements import all_measurements
 from ..run.records import RunFolder
 from ..run.views import IDENTITY, RUN_FIELDS, flat_row, leave_out_unread_kv
+from .headline import Headline, headline
 from .html import render_html
 from .markdown import render
-from .table import compared_columns, comparison, flatten, points_frame
+from .summary import Summary, noisy_banner, rerun_sentence, summary
+from .table import compared_columns, comparison, flatten, pareto_variants, points_frame
+from .terminal import summary_text
 
 LIST_COLUMNS = ("decode_ms_samples",)  # kept in results.jsonl, not in the tables
 
@@ -65,11 +68,22 @@ def write_report(out_dir: Path, log: Callable[[str], None] | None = None) -> Pat
     atomic_write_text(out_dir / RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
     atomic_write_text(out_dir / "results.csv", table.to_csv(index=False))
     write_parquet(table, out_dir / "results.parquet")
+    head, table, banner = answer(out_dir, rows, manifest, frame)
     report = out_dir / "report.md"
-    atomic_write_text(report, render(frame, rows, manifest))
-    atomic_write_text(out_dir / "report.html", render_html(frame, rows, manifest))
+    atomic_write_text(report, render(frame, rows, manifest, head, table, banner))
+    atomic_write_text(out_dir / "report.html", render_html(frame, rows, manifest, head, table, banner))
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     return report
+
+
+def answer(out_dir: Path, rows: list[dict[str, Any]], manifest: dict[str, Any],
+           frame: pd.DataFrame | None = None) -> tuple[Headline, Summary, str | None]:
+    """The headline, the summary table and the noisy-timing banner of a run's rows (what every view opens with)."""
+    if frame is None:
+        frame = comparison(flatten(rows), manifest["baseline"], rows)
+    rerun = rerun_sentence(manifest, str(out_dir))
+    head = headline(rows, manifest, rerun)
+    return head, summary(rows, manifest["baseline"], pareto_variants(frame)), noisy_banner(rows, rerun)
 
 
 def write_parquet(table: pd.DataFrame, path: Path) -> None:
@@ -81,4 +95,11 @@ def write_parquet(table: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
-__all__ = ["load_rows", "write_report"]
+def run_summary(out_dir: Path) -> str:
+    """The answer's rows and where the reports and exports are (``quantlab run``'s last lines)."""
+    rows, manifest = load_rows(out_dir)
+    head, _, _ = answer(out_dir, rows, manifest)
+    return summary_text(out_dir, rows, manifest, head)
+
+
+__all__ = ["answer", "load_rows", "run_summary", "write_report"]

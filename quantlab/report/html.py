@@ -7,17 +7,33 @@ from typing import Any
 
 import pandas as pd
 
-from .plots import context_plot, latency_plot, memory_plot, pareto_plot
-from .table import Section, cells, first_ok, fmt_value, header, measured, pareto_variants, point_section, sections
+from .headline import Headline
+from .plots import context_plot, latency_plot, memory_plot, noisy_left_out, pareto_plot
+from .summary import Summary
+from .table import (
+    Section,
+    Struck,
+    cells,
+    first_ok,
+    fmt_value,
+    header,
+    measured,
+    pareto_variants,
+    point_section,
+    sections,
+)
 from .text import export_items, gguf_note, how_obtained, kv_unread_note, machines_note, software_line
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
 .scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;margin:.5em 0;font-size:13px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}
 th{background:#f4f4f4}td.l,th.l{text-align:left}tr.failed td{background:#fdecea}tr.base td{background:#eef6fb}
 .front{font-weight:600}.note{color:#555;font-size:12.5px}figure{margin:1em 0}figcaption{color:#555;font-size:12.5px}
 .banner{background:#fff4d6;border:1px solid #e5c100;padding:.5em 1em}code{background:#f4f4f4;padding:0 3px}
+.answer{background:#eef6fb;border:1px solid #9cc7e4;padding:.3em 1.2em .6em}.answer li{margin:.35em 0}
+td.noisy{color:#999;text-decoration:line-through}table.summary td{white-space:nowrap}table.summary td.l{white-space:normal}
+sup{font-size:10px;color:#555}ol.notes{font-size:12.5px;color:#444;margin-top:0}
 """
 
 
@@ -25,14 +41,28 @@ def esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def html_table(header: list[str], rows: list[tuple[list[str], str]], left: int = 1) -> str:
+def _td(c: str, left: bool) -> str:
+    """A cell (already escaped); a ``Struck`` one greyed and struck through; a full ``<td`` passed as it is."""
+    if c.startswith("<td"):
+        return c
+    classes = " ".join(x for x in ("l" if left else "", "noisy" if isinstance(c, Struck) else "") if x)
+    return f'<td class="{classes}">{c}</td>' if classes else f"<td>{c}</td>"
+
+
+def html_table(header: list[str], rows: list[tuple[list[str], str]], left: int = 1, css: str = "") -> str:
     """``rows``: (cells, css class). Cells are already escaped; the first ``left`` columns align left."""
     th = "".join(f'<th class="l">{h}</th>' if i < left else f"<th>{h}</th>" for i, h in enumerate(header))
     body = []
     for row_cells, cls in rows:
-        tds = "".join(f'<td class="l">{c}</td>' if i < left else f"<td>{c}</td>" for i, c in enumerate(row_cells))
+        tds = "".join(_td(c, i < left) for i, c in enumerate(row_cells))
         body.append(f'<tr class="{cls}">{tds}</tr>')
-    return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    table = f'<table class="{css}">' if css else "<table>"
+    return f'<div class="scroll">{table}<thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def escaped(values: list[str]) -> list[str]:
+    """Cells escaped for HTML, a ``Struck`` one staying ``Struck``."""
+    return [Struck(esc(v)) if isinstance(v, Struck) else esc(v) for v in values]
 
 
 def _divergence_figure(frame: pd.DataFrame, baseline: str) -> list[str]:
@@ -51,7 +81,8 @@ def _figure(svg: str | None, ident: str, caption: str) -> str:
     return f'<figure id="{ident}">{svg}<figcaption>{esc(caption)}</figcaption></figure>'
 
 
-def _summary(frame: pd.DataFrame, baseline: str, front: dict[str, bool], section: Section) -> str:
+def _details(frame: pd.DataFrame, baseline: str, front: dict[str, bool], section: Section) -> str:
+    """Every main column of the registered measurements, a row per variant (the summary's details)."""
     rows = []
     width = len(header(section))
     for _, r in frame.iterrows():
@@ -61,8 +92,51 @@ def _summary(frame: pd.DataFrame, baseline: str, front: dict[str, bool], section
             continue
         cls = "base" if r["variant"] == baseline else ""
         name = f'<span class="front">{label} ◆</span>' if front.get(r["variant"]) else label
-        rows.append(([name, "ok", *(esc(c) for c in cells(r.get, section))], cls))
+        rows.append(([name, "ok", *escaped(cells(r.get, section))], cls))
     return html_table(["variant", "status", *(esc(h) for h in header(section))], rows)
+
+
+def _breakable(label: str) -> str:
+    """A variant label escaped, with line-break opportunities after / @ + (long labels wrap instead of widening)."""
+    out = esc(label)
+    for ch in ("/", "@", "+"):
+        out = out.replace(ch, ch + "<wbr>")
+    return out
+
+
+def _summary(table: Summary) -> str:
+    """The summary table: variant, bytes, quality, speed; notes as numbered markers."""
+    rows = []
+    for r in table.rows:
+        marks = "".join(f"<sup>{n}</sup>" for n in r.notes)
+        name = _breakable(r.variant) + (" ◆" if r.front else "") + marks
+        if r.front:
+            name = f'<span class="front">{name}</span>'
+        if not r.ok:
+            span = len(table.headings) - 1
+            rows.append(([name, f'<td class="l" colspan="{span}">failed: {esc(r.error)}</td>'], "failed"))
+            continue
+        body = [f'<td class="noisy" title="{esc(c.title)}">{esc(c.text)}</td>' if c.struck else
+                (f'<td title="{esc(c.title)}">{esc(c.text)}</td>' if c.title else esc(c.text)) for c in r.cells]
+        rows.append(([name, *body], "base" if r.baseline else ""))
+    notes = "".join(f"<li>{esc(text)}.</li>" for text in table.footnotes)
+    return html_table([esc(h) for h in table.headings], rows, css="summary") + (
+        f'<ol class="notes">{notes}</ol>' if notes else "")
+
+
+def _answer(head: Headline) -> str:
+    items = "".join(f"<li><b>{esc(a.title)}</b>: {_inline(a.text)}</li>" for a in head.answers)
+    return f'<section class="answer" id="answer"><h2>The answer</h2><ul>{items}</ul>' \
+        f'<p class="note">Rules: {_inline(head.rule_text)}</p></section>'
+
+
+def _inline(text: str) -> str:
+    """A Markdown sentence of the report (bold and code spans) as HTML."""
+    import re
+
+    out = esc(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
 
 
 def _gap(measured_bytes: Any, predicted_bytes: Any) -> str:
@@ -92,7 +166,7 @@ def _points(rows: list[dict[str, Any]]) -> str:
     if not any(len(r.get("decode_points") or []) > 1 for r in rows):
         return ""
     section = point_section(rows)
-    body = [([esc(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), *(esc(c) for c in cells(p.get, section, compare=False))], "")
+    body = [([esc(r["variant"]), str(p["batch_size"]), str(p["prompt_tokens"]), *escaped(cells(p.get, section, compare=False))], "")
             for r in rows if r.get("status") == "ok" for p in r.get("decode_points") or []]
     head = ["variant", "batch", "prompt tokens", *(esc(h) for h in header(section, compare=False))]
     return "<h2>Decode by batch size and context length</h2>" + html_table(head, body)
@@ -101,7 +175,7 @@ def _points(rows: list[dict[str, Any]]) -> str:
 def _sections(frame: pd.DataFrame, parts: list[Section]) -> str:
     out = []
     for section in parts:
-        body = [([esc(r["variant"]), *(esc(c) for c in cells(r.get, section))], "") for _, r in measured(frame).iterrows()]
+        body = [([esc(r["variant"]), *escaped(cells(r.get, section))], "") for _, r in measured(frame).iterrows()]
         out.append(f"<h2>{esc(section.heading)}</h2>" + html_table(["variant", *(esc(h) for h in header(section))], body))
     return "".join(out)
 
@@ -143,7 +217,13 @@ def _exports(rows: list[dict[str, Any]]) -> str:
     return f"<h2>Exports</h2><ul>{lines}</ul>"
 
 
-def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
+def _latency_caption(rows: list[dict[str, Any]], what: str) -> str:
+    left = noisy_left_out(rows)
+    return what + (f" Left out, timed on a busy or noisy machine: {', '.join(left)}." if left else "")
+
+
+def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, Any], head: Headline,
+                table: Summary, banner: str | None) -> str:
     """The whole report page."""
     recipe = manifest.get("recipe", {})
     baseline = manifest.get("baseline", "")
@@ -164,21 +244,28 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         '<p class="banner">Incomplete run: some variants have not been measured yet; run the same command to resume.</p>',
         f'<p class="banner">{_plain(note[-1])}</p>' if note else "",
         *(f'<p class="note">{_plain(line)}</p>' for line in gguf_note(manifest)[1:]),
-        "<h2>Summary</h2>", _summary(frame, baseline, front, main),
-        '<p class="note">× base: ratio to the baseline row. ◆: on the Pareto front of perplexity against weights + KV '
-        "bytes. Failed variants keep their error.</p>",
-        *(f'<p class="banner">{_plain(line)}</p>' for line in kv_unread_note(rows)[1:]),
+        _answer(head),
+        f'<p class="banner" id="timing-banner">{_inline(banner)}</p>' if banner else "",
+        "<h2>Summary</h2>", _summary(table),
+        '<p class="note">× base: ratio to the baseline row (bytes: weights + KV cache at the first decode point; speed: '
+        "tokens per second). ◆: on the Pareto front of perplexity against weights + KV bytes. Hover a cell for its "
+        "detail; every column of every measurement is in Details below.</p>",
+        *(f'<p class="banner">{_inline(line)}</p>' for line in kv_unread_note(rows)[1:]),
         "<h2>Perplexity against bytes</h2>",
         _figure(pareto_plot(frame, baseline), "plot-pareto",
                 "Pareto front (ringed): " + (", ".join(on_front) or "no variant with both figures")),
         *_divergence_figure(frame, baseline),
         "<h2>Decode latency</h2>",
-        _figure(latency_plot(rows), "plot-latency", "Per-token decode time at each variant's first point."),
-        _figure(context_plot(rows), "plot-context", "Median decode time per token as the context grows."),
+        _figure(latency_plot(rows), "plot-latency",
+                _latency_caption(rows, "Per-token decode time at each variant's first point.")),
+        _figure(context_plot(rows), "plot-context",
+                _latency_caption(rows, "Median decode time per token as the context grows.")),
         "<h2>Memory</h2>",
         _figure(memory_plot(frame), "plot-memory", "Weights and KV cache as measured, with the analytic figures marked (|, black: weights; orange: weights + KV); "
                 "right: the peak of the generation split into weights, KV cache and the rest."),
         _memory_table(frame),
+        "<h2>Details</h2>",
+        _details(frame, baseline, front, main),
         _points(rows),
         _sections(frame, own),
         _exports(rows),

@@ -63,6 +63,7 @@ def pareto_plot(frame: pd.DataFrame, baseline: str, metric: str = "perplexity", 
     if not has_metric(frame, metric):
         return None
     ok = measured(frame)
+    ok = ok[ok[metric].notna()]  # a row without the figure (left out: it did not read its cache) is not a point
     with plt.rc_context(STYLE):
         x, y = footprint_bytes(ok) / MIB, ok[metric].astype(float)
         front = list(pareto_variants(ok, metric).values())
@@ -84,9 +85,15 @@ def pareto_plot(frame: pd.DataFrame, baseline: str, metric: str = "perplexity", 
         return to_svg(fig)
 
 
+def noisy_left_out(rows: list[dict[str, Any]]) -> list[str]:
+    """The variants whose first decode point was timed on a noisy machine: the latency plots leave them out."""
+    return [r["variant"] for r in rows if r.get("status") == "ok" and r.get("noisy")]
+
+
 def latency_plot(rows: list[dict[str, Any]]) -> str | None:
-    """Per-token decode times at each variant's first point: box of the steps (p10–p90 bar if none kept)."""
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("decode_ms_per_token") is not None]
+    """Per-token decode times at each variant's first point: box of the steps (p10–p90 bar if none kept). Rows
+    timed on a noisy machine are left out (their spread would set the axis)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("decode_ms_per_token") is not None and not r.get("noisy")]
     if not ok:
         return None
     with plt.rc_context(STYLE):
@@ -111,15 +118,18 @@ def latency_plot(rows: list[dict[str, Any]]) -> str | None:
 
 
 def context_plot(rows: list[dict[str, Any]]) -> str | None:
-    """Median decode ms/token against prompt length, per variant, at the first batch size."""
-    ok = [r for r in rows if r.get("status") == "ok" and len({p["prompt_tokens"] for p in r.get("decode_points") or []}) > 1]
+    """Median decode ms/token against prompt length, per variant, at the first batch size; points timed on a noisy
+    machine left out."""
+    ok = [r for r in rows if r.get("status") == "ok" and len({p["prompt_tokens"] for p in r.get("decode_points") or []
+                                                              if not p.get("noisy")}) > 1]
     if not ok:
         return None
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for r in ok:
             batch = r["decode_points"][0]["batch_size"]
-            pts = sorted((p["prompt_tokens"], p["decode_ms_per_token"]) for p in r["decode_points"] if p["batch_size"] == batch)
+            pts = sorted((p["prompt_tokens"], p["decode_ms_per_token"]) for p in r["decode_points"]
+                         if p["batch_size"] == batch and not p.get("noisy"))
             ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", ms=3, label=f"{r['variant']} (batch {batch})")
         ax.set_xlabel("prompt tokens (context before decoding)")
         ax.set_ylabel("decode ms per token (median)")

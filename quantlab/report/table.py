@@ -18,6 +18,11 @@ def missing(x: Any) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def flag(x: Any) -> bool:
+    """A boolean field of a row, read from a dict or a frame (missing and NaN: False)."""
+    return not missing(x) and bool(x)
+
+
 def fmt_value(x: Any, spec: str) -> str:
     """``x`` formatted with ``spec``; a dash for a missing value (None or NaN)."""
     if missing(x):
@@ -102,12 +107,24 @@ def header(section: Section, compare: bool = True) -> list[str]:
     return out
 
 
+class Struck(str):
+    """A cell's text that the views show struck through (a timing taken on a noisy machine)."""
+
+
 def cells(get: Any, section: Section, compare: bool = True) -> list[str]:
-    out = []
+    """The row's cells for ``section``. Where the row's timing is noisy, a timing column's value is ``Struck`` (or
+    blank, as the column says) and its ratio to the baseline blank."""
+    noisy = flag(get("noisy"))
+    out: list[str] = []
     for col in section.columns:
-        out.append(cell(get, col))
+        text = cell(get, col)
+        if noisy and col.timing == "blank":
+            text = ""
+        elif noisy and col.timing == "strike" and text != "—":
+            text = Struck(text)
+        out.append(text)
         if col.compare and compare:
-            out.append(compare_cell(get, col))
+            out.append("" if noisy and col.timing else compare_cell(get, col))
     return out
 
 
@@ -178,5 +195,7 @@ def comparison(frame: pd.DataFrame, baseline: str, rows: list[dict[str, Any]]) -
             continue
         values = pd.to_numeric(out[col.field], errors="coerce")
         ref = float(pd.to_numeric(base[col.field], errors="coerce").iloc[0]) if len(base) else math.nan
+        if col.timing and len(base) and "noisy" in base and flag(base["noisy"].iloc[0]):
+            ref = math.nan  # a ratio to a timing taken on a noisy machine says nothing
         out[col.compare_field] = values / ref if col.compare == "ratio" else values - ref
     return out

@@ -54,15 +54,22 @@ def exports_section(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def kv_unread_note(rows: list[dict[str, Any]]) -> list[str]:
-    """A line naming the rows whose quality figures were left out because they did not read their KV cache."""
-    left = [(r["variant"], r["kv_cache_not_read_by"]) for r in rows if r.get("kv_cache_not_read_by")]
+    """A line naming the rows whose quality figures were left out because they did not read their KV cache, what
+    was left out, and which of their quality figures did read it (those stand, on their fronts)."""
+    left = [r for r in rows if r.get("kv_cache_not_read_by")]
     if not left:
         return []
-    names = sorted({n for _, ns in left for n in ns})
-    return ["", f"**Quality not measured through the KV cache** for {', '.join(v for v, _ in left)}: "
-            f"{' and '.join(names)} ran without the cache, so their figures would repeat the same weights' with "
-            "the baseline's cache; left out (—) and off the Pareto front. A perplexity protocol that reads the cache "
-            "(`protocol: kv-chunked`) measures them."]
+    names = sorted({n for r in left for n in r["kv_cache_not_read_by"]})
+    read = sorted({m.title for _, m in all_measurements() for r in left
+                   if m.reads_kv_cache(r) is True and not_missing(r, m)})
+    advice = (" A perplexity protocol that reads the cache (`protocol: kv-chunked`) measures them."
+              if "perplexity" in names else "")
+    stands = f" Their {' and '.join(read)} went through the cache and {'is' if len(read) == 1 else 'are'} shown." \
+        if read else ""
+    return ["", f"**Quality not measured through the KV cache** for {', '.join(r['variant'] for r in left)}: "
+            f"{' and '.join(names)} ran without the cache, so {'its' if len(names) == 1 else 'their'} figures would "
+            "repeat the same weights' with the baseline's cache; they are left out (—), and these rows are off the "
+            f"front of those figures.{stands}{advice}"]
 
 
 def software_line(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:

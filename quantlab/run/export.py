@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import QuantlabError, first_line
 from ..files import export_folder
 from ..models import model_source
+from ..progress import stage
 
 
 def export_measured(ctx: Any, targets: list[str]) -> list[dict[str, Any]]:
@@ -22,7 +23,9 @@ def export_measured(ctx: Any, targets: list[str]) -> list[dict[str, Any]]:
     for to in targets:
         out = export_folder(ctx.run_folder, ctx.variant.label, to)
         try:
-            result = export_(ctx.model, to, out, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
+            with stage(f"exporting to {to}"):
+                result = export_(ctx.model, to, out, tokenizer=ctx.loaded.tokenizer,
+                                 source=model_source(ctx.recipe.model))
             results.append({"to": to, "folder": str(out.relative_to(ctx.run_folder)), "files": result.files,
                             "max_abs_deviation": result.max_abs_deviation})
         except QuantlabError as e:
@@ -42,12 +45,17 @@ def export_from_run(run_dir: Path, label: str, to: str, out: Path) -> Any:
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():
         raise QuantlabError(f"{run_dir}: no manifest.json (not a quantlab run folder)")
-    EXPORTERS[to]  # an unknown target names the known ones
+    if out.exists() and not out.is_dir():
+        raise QuantlabError(f"--out {out}: an existing file, not a folder; name the folder to write")
+    EXPORTERS[to].build().check_available()  # an unknown target names the known ones; a missing writer its extra
     recipe = validate_recipe(json.loads(manifest_path.read_text())["recipe"], str(manifest_path))
     variant = recipe.variant_named(label)
     if variant is None:
         raise QuantlabError(f"{run_dir}: --variant {label!r} is no variant or weight-format label of the run (labels: "
                             f"{', '.join(v.label for v in recipe.variants())})")
+    refusal = variant.weight.export_refusal(to)
+    if refusal:  # the config decides: refused before the model is loaded
+        raise QuantlabError(f"{variant.label}: {refusal}")
     record = RunFolder(run_dir).read_record(variant.key) or {}
     measured = ((record.get("measurements") or {}).get("weights") or {}).get("weights_digest") \
         if record.get("status") == "ok" else None

@@ -27,7 +27,8 @@ def require_ray() -> Any:
     return ray
 
 
-def measure_task(spec: dict[str, Any], index: int, sweep: int, run_folder: str | None = None) -> dict[str, Any]:
+def measure_task(spec: dict[str, Any], index: int, sweep: int, run_folder: str | None = None,
+                 retime: bool = False) -> dict[str, Any]:
     """One variant on a Ray worker: the local measurement, bracketed by the worker's own copy benchmark.
     ``run_folder`` is used for run-wide intermediates where the worker sees it (a shared file system)."""
     from pathlib import Path
@@ -43,7 +44,7 @@ def measure_task(spec: dict[str, Any], index: int, sweep: int, run_folder: str |
     device = resolve_device(recipe.device)
     before = copy_bandwidth_bytes_per_s(device)
     folder = Path(run_folder) if run_folder and Path(run_folder).is_dir() else None
-    body = measure_variant_safely(recipe, recipe.variants()[index], folder)
+    body = measure_variant_safely(recipe, recipe.variants()[index], folder, retime and folder is not None)
     return finish_record(body, sweep, before, copy_bandwidth_bytes_per_s(device))
 
 
@@ -66,8 +67,9 @@ class RaySweep(Sweep):
                 raise QuantlabError(f"--address {executor.address}: a ray:// address needs Ray's client: pip install "
                                     "'ray[client]'") from None
 
-    def __init__(self, recipe: Any, folder: Any, sweep: int, log: Any, shard: Any, executor: Any) -> None:
-        super().__init__(recipe, folder, sweep, log, shard, executor)
+    def __init__(self, recipe: Any, folder: Any, sweep: int, log: Any, shard: Any, executor: Any,
+                 retime: bool = False) -> None:
+        super().__init__(recipe, folder, sweep, log, shard, executor, retime)
         self.ray = require_ray()
         self.running: dict[Any, tuple[Any, Claim, Heartbeat, str]] = {}  # object ref -> (variant, claim, beat, tag)
         self.done = self.failed = 0
@@ -94,7 +96,8 @@ class RaySweep(Sweep):
 
     def start(self, index: int, variant: Any, claim: Claim, tag: str) -> None:
         beat = Heartbeat(claim).start()
-        ref = self.task.remote(self.recipe.to_spec(), index, self.sweep, str(self.folder.path))
+        ref = self.task.remote(self.recipe.to_spec(), index, self.sweep, str(self.folder.path),
+                               variant.key in self.retiming)
         self.running[ref] = (variant, claim, beat, tag)
 
     def _progress(self) -> None:

@@ -27,7 +27,7 @@ from pydantic import (
 
 from ..data import BUILTIN_TEXTS, TextSource
 from ..engine.llama_cpp import ENGINE as LLAMA_CPP
-from ..errors import QuantlabError, RecipeError
+from ..errors import QuantlabError, RecipeError, first_line
 from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol
 from ..eval.perplexity.base import DEFAULT_KV_PROTOCOL, DEFAULT_PROTOCOL
 from ..kv import KV_FORMATS, KVFormat
@@ -166,6 +166,32 @@ class ExportSpec(Strict):
         return to
 
 
+class ReportSpec(Strict):
+    """What the report's answer is judged by: the quality tolerance against the baseline and the byte budget."""
+
+    kl_tolerance_nats: float = Field(0.01, gt=0, description="a variant is within tolerance when its mean KL "
+                                     "divergence from the baseline is at most this (about llama.cpp's Q5_K_M on "
+                                     "Llama-3-8B); used where divergence was measured")
+    perplexity_tolerance_percent: float = Field(1.0, gt=0, description="without a KL figure: perplexity at most this "
+                                                "many percent above the baseline's")
+    budget_share: float = Field(0.5, gt=0, description="the byte budget as a share of the baseline's weights + KV "
+                                "cache (best quality within it)")
+    budget_bytes: int | None = Field(None, gt=0, description="the byte budget in bytes, or a size such as 8GiB "
+                                     "(instead of budget_share)")
+
+    @field_validator("budget_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            from ..estimate.fit import parse_bytes
+
+            try:
+                return parse_bytes(v, "report.budget_bytes")
+            except QuantlabError as e:
+                raise ValueError(str(e).removeprefix("report.budget_bytes: ")) from None
+        return v
+
+
 class Recipe(Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -188,6 +214,8 @@ class Recipe(Strict):
     executor: ExecutorSpec = ExecutorSpec()
     export: list[ExportSpec] = Field(default_factory=list, description="[{variants: [LABEL, ...], to: [gguf, ...]}]: "
                                      "deployable folders written under exports/ from each measured variant")
+    report: ReportSpec = Field(default_factory=ReportSpec, description="the tolerance and budget the report's "
+                               "answer is judged by")
     seed: int = 0
     _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
 
@@ -402,6 +430,13 @@ def _resolve_formats(data: dict[str, Any], key: str, registry: Registry[Any], fi
     data[key] = [resolve_format(registry, e, file, f"{key}[{i}]") for i, e in enumerate(entries)]
 
 
+def beside(base: Path, value: str) -> Path:
+    """``value`` (a path a recipe names) made absolute against the recipe's folder as the recipe was named: ``..``
+    is taken lexically, so a recipe reached through a linked folder (``recipes/`` of a checkout) resolves its
+    ``../reports`` beside that folder, as a reader of the tree expects."""
+    return Path(os.path.abspath(base / os.path.expanduser(value)))
+
+
 def _resolve_format_files(entry: Any, base: Path) -> None:
     """Every ``*_path`` field (a file a format reads or writes: an importance matrix, a sensitivity table) of a
     weight entry and of the formats inside it (a mix's candidates and budget, overrides), made absolute."""
@@ -411,7 +446,7 @@ def _resolve_format_files(entry: Any, base: Path) -> None:
     elif isinstance(entry, dict):
         for key, value in entry.items():
             if key.endswith("_path") and isinstance(value, str):
-                entry[key] = str((base / os.path.expanduser(value)).resolve())
+                entry[key] = str(beside(base, value))
             elif isinstance(value, (dict, list)):
                 _resolve_format_files(value, base)
 
@@ -421,13 +456,21 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
     if isinstance(model, dict):
         for key in ("path", "config"):
             if isinstance(model.get(key), str):
-                p = (base / os.path.expanduser(model[key])).resolve()
+                p = beside(base, model[key])
                 if not p.exists():
                     raise RecipeError(file, f"model.{key}", f"no such {'folder' if key == 'path' else 'file'}: {p}")
+                if key == "path" and not p.is_dir():
+                    hint = (f"give its folder as path and gguf_file: {p.name}" if p.suffix.lower() == ".gguf" else
+                            "config: FILE with synthetic: true measures random weights at its shapes"
+                            if p.suffix.lower() == ".json" else "give the folder holding config.json and the weights")
+                    raise RecipeError(file, "model.path", f"{p} is a file, not a model folder; {hint}")
+                if key == "config" and p.is_dir():
+                    raise RecipeError(file, "model.config", f"{p} is a folder; name its config.json (or use path: for "
+                                      "a model folder with weights)")
                 model[key] = str(p)
     for i, entry in enumerate(data.get("weights") if isinstance(data.get("weights"), list) else []):
         if isinstance(entry, dict) and isinstance(entry.get("path"), str):  # a checkpoint folder or GGUF file
-            p = (base / os.path.expanduser(entry["path"])).resolve()
+            p = beside(base, entry["path"])
             kind = "file" if p.suffix.lower() == ".gguf" else "folder"
             if not (p.is_file() if kind == "file" else p.is_dir()):
                 raise RecipeError(file, f"weights[{i}].path", f"no such {kind}: {p}")
@@ -436,7 +479,7 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
     evaluations = data.get("evaluations") if isinstance(data.get("evaluations"), dict) else {}
     for i, task in enumerate(evaluations.get("lm_eval_tasks") or []):
         if isinstance(task, dict) and isinstance(task.get("include_path"), str):
-            p = (base / os.path.expanduser(task["include_path"])).resolve()
+            p = beside(base, task["include_path"])
             if not p.is_dir():
                 raise RecipeError(file, f"evaluations.lm_eval_tasks[{i}].include_path", f"no such folder: {p}")
             task["include_path"] = str(p)
@@ -444,15 +487,33 @@ def _resolve_paths(data: dict[str, Any], base: Path, file: str) -> None:
     for where, section in (("evaluations.perplexity", ppl), ("calibration", data.get("calibration"))):
         text = section.get("text") if isinstance(section, dict) else None
         if isinstance(text, dict) and isinstance(text.get("dataset"), str) and text["dataset"].startswith((".", "/", "~")):
-            p = (base / os.path.expanduser(text["dataset"])).resolve()
+            p = beside(base, text["dataset"])
             if not p.exists():
                 raise RecipeError(file, f"{where}.text.dataset", f"no such dataset folder: {p}")
             text["dataset"] = str(p)
         if isinstance(section, dict) and isinstance(section.get("text"), str) and section["text"] not in BUILTIN_TEXTS:
-            p = (base / os.path.expanduser(section["text"])).resolve()
+            p = beside(base, section["text"])
             if not p.is_file():
                 raise RecipeError(file, f"{where}.text", f"no such file: {p} (or one of: {', '.join(BUILTIN_TEXTS)})")
+            problem = text_file_problem(p)
+            if problem:
+                raise RecipeError(file, f"{where}.text", problem)
             section["text"] = str(p)
+
+
+def text_file_problem(path: Path) -> str | None:
+    """Why a text file cannot be scored or calibrated on (empty, only blanks, no text in a .jsonl), or None."""
+    from ..data import read_text_file
+
+    try:
+        raw = read_text_file(path)
+    except QuantlabError as e:
+        return str(e)
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path}: cannot be read as UTF-8 text ({first_line(e)})"
+    if not raw.strip():
+        return f"{path} holds no text; name a file with the text to score (or one of: {', '.join(BUILTIN_TEXTS)})"
+    return None
 
 
 def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
@@ -464,6 +525,9 @@ def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = N
         if key not in Recipe.model_fields:
             raise RecipeError(file, str(key), unknown_field_message(str(key), list(Recipe.model_fields)))
     _resolve_paths(data, base_dir or Path.cwd(), file)
+    if data.get("kv_cache") == []:
+        raise RecipeError(file, "kv_cache", "an empty list; leave kv_cache out for the model's own cache (native), or "
+                          f"list formats (known: {', '.join(KV_FORMATS.names())})")
     _resolve_formats(data, "weights", WEIGHT_FORMATS, file)
     _resolve_formats(data, "kv_cache", KV_FORMATS, file)
     evaluations = data.get("evaluations")
@@ -505,8 +569,10 @@ class UniqueKeyLoader(yaml.SafeLoader):
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Read and validate a recipe YAML file."""
     p = Path(path)
+    if p.is_dir():
+        raise RecipeError(str(p), "", "a folder, not a recipe file; name a recipe .yaml (quantlab init writes one)")
     if not p.is_file():
-        raise RecipeError(str(p), "", "no such recipe file")
+        raise RecipeError(str(p), "", "no such recipe file (quantlab init writes one)")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -66,10 +66,18 @@ def _check_lengths(recipe: Recipe, config: Any) -> None:
 
 
 def check_against_model(recipe: Recipe) -> None:
-    """Fail before writing anything if the model cannot be found, a weight or KV format does not fit it, or the
-    workload asks for more positions than it has."""
+    """Fail before writing anything if the model cannot be found, a weight or KV format does not fit it or lacks
+    the package it needs, or the workload asks for more positions than it has."""
     if recipe.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError(recipe.source, "device", "cuda, but torch sees no CUDA device here; use auto or cpu")
+    for i, weight in enumerate(recipe.weights):
+        missing = weight.missing_dependency()
+        if missing:
+            raise RecipeError(recipe.source, f"weights[{i}]", f"{weight.label}: {missing}")
+    for i, kv in enumerate(recipe.kv_cache):
+        missing = kv.missing_dependency()
+        if missing:
+            raise RecipeError(recipe.source, f"kv_cache[{i}]", missing)
     config = load_config(recipe.model)
     problem = weight_files_problem(recipe.model)
     if problem:
@@ -106,6 +114,21 @@ def _check_kv_positions(recipe: Recipe) -> None:
             raise RecipeError(recipe.source, f"kv_cache[{i}]{where}", message)
 
 
+def kv_residual_warnings(recipe: Recipe) -> list[str]:
+    """A line for each KV format that keeps at least half the workload's cached positions in full precision: its
+    bytes and quality would mostly show its unquantized window (the report notes it on the rows too)."""
+    prompt = min(p for _, p in recipe.workload.points())
+    positions = prompt + recipe.workload.new_tokens
+    out = []
+    for i, kv in enumerate(recipe.kv_cache):
+        kept = kv.full_precision_tokens(positions)
+        if kept is not None and kept >= positions / 2:
+            out.append(f"warning: kv_cache[{i}] ({kv.label}) keeps {kept} of the {positions} positions of the shortest "
+                       "decode point in full precision (residual_tokens): its bytes and quality will mostly show that "
+                       "window; lower residual_tokens or lengthen prompt_tokens")
+    return out
+
+
 def _check_tasks(recipe: Recipe) -> None:
     """Every lm-eval task the recipe names exists (lm-eval's index, and the task's include_path)."""
     from ..eval.lm_eval import task_problem
@@ -139,12 +162,27 @@ def _manifest(recipe: Recipe, sweep: int) -> dict[str, Any]:
     estimate = config_estimate(recipe.model)
     variants = recipe.variants()
     return {
-        "recipe": recipe.to_spec(), "baseline": recipe.baseline_label, "variant_keys": [v.key for v in variants],
+        "recipe": recipe.to_spec(), "recipe_file": recipe.source, "baseline": recipe.baseline_label,
+        "variant_keys": [v.key for v in variants],
         "variants": [v.label for v in variants], "complete": False, "sweep": sweep,
         "measurements": [name for name, _ in enabled_measurements(recipe)],
         "model_evidence": [vars(e) for e in estimate.architecture.evidence] if estimate else [],
         **({"model_gguf_tensor_types": types} if (types := gguf_tensor_types(recipe.model)) else {}),
     }
+
+
+def _with_earlier_variants(out_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``--add``: the folder's earlier variants stay in its manifest (and so in its reports) before this recipe's."""
+    path = out_dir / MANIFEST_FILE
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    keys, labels = list(earlier.get("variant_keys") or []), list(earlier.get("variants") or [])
+    for key, label in zip(manifest["variant_keys"], manifest["variants"]):
+        if key not in keys:
+            keys.append(key)
+            labels.append(label)
+    recipes = list(dict.fromkeys([*(earlier.get("recipes") or [(earlier.get("recipe") or {}).get("name")]),
+                                  manifest["recipe"]["name"]]))
+    return {**manifest, "variant_keys": keys, "variants": labels, "recipes": [r for r in recipes if r]}
 
 
 def _drop_shared_weights(out_dir: Path, log: Log) -> None:
@@ -161,24 +199,41 @@ def _drop_shared_weights(out_dir: Path, log: Log) -> None:
 
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
-               shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> Path:
+               shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
+               retime: bool = False, add: bool = False) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
     other process running into the same folder), then rebuild the views. Returns ``out_dir``.
 
     ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
     anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report).
-    ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray)."""
+    ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray).
+    ``retime``: measure again the decode timing of records flagged noisy, keeping their other figures.
+    ``add``: the folder may hold another recipe's records; this recipe's variants are added beside them."""
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
     executor = executor or recipe.executor
     sweep_class = executor_class(recipe, executor)  # an unknown or missing engine: an error before anything is written
+    earlier = other_recipes(out_dir, recipe)
+    if earlier and not add:
+        raise QuantlabError(f"{out_dir}: holds the records of recipe {', '.join(repr(n) for n in earlier)}, not "
+                            f"{recipe.name!r}; give this run another --out, or --add to report both recipes' "
+                            "variants in one folder")
     check_against_model(recipe)
     with recipe.threads_applied():  # the machine fingerprint records the threads the variants run with
-        return _run(recipe, out_dir, executor, sweep_class, log, shard)
+        return _run(recipe, out_dir, executor, sweep_class, log, shard, retime, add)
+
+
+def other_recipes(out_dir: Path, recipe: Recipe) -> list[str]:
+    """The names of recipes other than ``recipe`` whose records ``out_dir`` holds (a recipe renamed counts as another)."""
+    folder = RunFolder(out_dir)
+    if not out_dir.is_dir():
+        return []
+    names = {str(r.get("recipe")) for r in folder.records().values() if r.get("recipe")}
+    return sorted(names - {recipe.name})
 
 
 def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any, log: Log,
-         shard: tuple[int, int] | None) -> Path:
+         shard: tuple[int, int] | None, retime: bool = False, add: bool = False) -> Path:
     from ..report import write_report
 
     folder = RunFolder(out_dir)
@@ -186,8 +241,13 @@ def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any
     folder.convert_legacy(log)
     sweep, started = folder.join_or_start_sweep()
     log(f"{'started' if started else 'joined'} sweep {sweep} in {out_dir} on {describe(machine_fingerprint())}")
-    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(_manifest(recipe, sweep), indent=1))
-    share = sweep_class(recipe, folder, sweep, log, shard, executor)
+    manifest = _manifest(recipe, sweep)
+    if add:
+        manifest = _with_earlier_variants(out_dir, manifest)
+    atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
+    for line in kv_residual_warnings(recipe):
+        log(line)
+    share = sweep_class(recipe, folder, sweep, log, shard, executor, retime=retime)
     share.run()
     if share.all_recorded():
         folder.complete_sweep(sweep)

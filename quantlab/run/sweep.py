@@ -26,17 +26,25 @@ from .views import flat_row
 Log = Callable[[str], None]
 
 
-def measure_in_subprocess(recipe: Recipe, index: int, run_folder: Path, log: Log | None = None) -> dict[str, Any]:
+# A variant's process: Ctrl-C (SIGINT to the terminal's whole process group) ends it at once with status 130 and no
+# traceback, from its first line on (before quantlab is imported); the run that started it says the rest.
+WORKER = ("import os, signal, sys; signal.signal(signal.SIGINT, lambda *_: os._exit(130)); "
+          "from quantlab.run.worker import main; sys.exit(main(sys.argv[1:]))")
+
+
+def measure_in_subprocess(recipe: Recipe, index: int, run_folder: Path, log: Log | None = None,
+                          retime: bool = False) -> dict[str, Any]:
     """The variant measured in a fresh worker process (``isolation: process``); a crash or time-out is a failed
     record. Off a terminal the worker's stderr is read as it comes: its progress lines go to ``log`` and its last
-    lines are kept for the error (on a terminal its progress bars show through)."""
+    lines are kept for the error (on a terminal its progress bars show through). A terminal's Ctrl-C reaches the
+    worker too: it leaves at once and silently (``WORKER``), and this process reports the interruption once."""
     variant = recipe.variants()[index]
     with tempfile.TemporaryDirectory(prefix="quantlab-") as tmp:
         spec, out = Path(tmp) / "recipe.json", Path(tmp) / "record.json"
         spec.write_text(json.dumps(recipe.to_spec()))
         piped = not sys.stderr.isatty()
-        proc = subprocess.Popen([sys.executable, "-m", "quantlab.run.worker", str(spec), str(index), str(out),
-                                 str(run_folder)], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-c", WORKER, str(spec), str(index), str(out),
+                                 str(run_folder), *(["--retime"] if retime else [])], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE if piped else None, text=True)
         tail: deque[str] = deque(maxlen=20)
         reader = threading.Thread(target=_read_stderr, args=(proc, tail, log), daemon=True) if piped else None
@@ -83,9 +91,12 @@ class Sweep:
         optional engine), before anything is written."""
 
     def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
-                 shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None) -> None:
+                 shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
+                 retime: bool = False) -> None:
         self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
         self.executor = executor
+        self.retime = retime  # measure again the decode points of records whose timing was flagged noisy
+        self.retiming: set[str] = set()
         self.fid = fingerprint_id(machine_fingerprint())
         self.claims = Claims(folder.path)
         self.told: set[str] = set()
@@ -104,10 +115,11 @@ class Sweep:
             if self.bandwidth is None:
                 self.bandwidth = before
                 self.log(f"memory bandwidth (copy): {before / 1e9:.1f} GB/s")
+            retime = variant.key in self.retiming
             with Heartbeat(claim):
-                body = (measure_in_subprocess(self.recipe, index, self.folder.path, self.log)
+                body = (measure_in_subprocess(self.recipe, index, self.folder.path, self.log, retime)
                         if self.recipe.isolation == "process"
-                        else measure_variant_safely(self.recipe, variant, self.folder.path))
+                        else measure_variant_safely(self.recipe, variant, self.folder.path, retime))
             self.record(tag, finish_record(body, self.sweep, before, copy_bandwidth_bytes_per_s(device)))
         finally:
             self.claims.release(claim)
@@ -132,24 +144,54 @@ class Sweep:
                 if self.shard is not None and shard_of(variant.key, self.shard[1]) != self.shard[0]:
                     continue  # another shard's variant
                 tag = f"[{i + 1}/{len(variants)}] {variant.label}"
-                why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+                record = self.folder.read_record(variant.key)
+                why = reusable(record, self.fid, self.sweep)
+                if why and self.retime and noisy_earlier(record, self.sweep):
+                    why = None
+                    self.retiming.add(variant.key)
                 if why:
                     self._tell_once(variant.key, f"{tag}: {why}")
+                    continue
+                solver = self.solving_elsewhere(variant)
+                if solver is not None:  # its weights are being solved for a twin: wait for them, do not solve again
+                    held[variant.key] = solver
+                    self._tell_once(f"solve:{variant.key}", f"{tag}: waiting for {solver.describe()}, which is "
+                                    f"solving the same weights ({variant.weight.label}) for this run")
                     continue
                 claim = self.claims.try_claim(variant.key)
                 if claim is None:
                     held[variant.key] = self.claims.current(variant.key)
                     continue
-                why = reusable(self.folder.read_record(variant.key), self.fid, self.sweep)
+                record = self.folder.read_record(variant.key)
+                why = reusable(record, self.fid, self.sweep)
+                if why and variant.key in self.retiming and noisy_earlier(record, self.sweep):
+                    why = None
                 if why:  # finished by another process between our look and our claim
                     self.claims.release(claim)
                     self._tell_once(variant.key, f"{tag}: {why}")
                     continue
-                self.log(f"{tag}: running")
+                self.log(f"{tag}: " + ("timing again (flagged noisy)" if variant.key in self.retiming else "running"))
                 self.start(i, variant, claim, tag)
         finally:
             self.drain()
         return held
+
+    def solving_elsewhere(self, variant: Variant) -> Claim | None:
+        """The live claim of another variant with the same calibrated weights while those weights are not yet kept
+        in the run folder: it is solving them, and ``variant`` will load them instead of solving its own."""
+        from ..measurements.context import shared_weights_path
+
+        device = resolve_device(self.recipe.device)
+        path = shared_weights_path(self.recipe, variant, device, self.folder.path)
+        if path is None or path.is_file():
+            return None
+        for twin in self.recipe.variants():
+            if twin.key == variant.key or twin.weight != variant.weight:
+                continue
+            claim = self.claims.current(twin.key)
+            if claim is not None and not claim.stale(self.claims.stale_after_s):
+                return claim
+        return None
 
     def all_recorded(self) -> bool:
         """Whether every variant of the recipe (every shard's) has a record that stands for it in this sweep."""
@@ -171,6 +213,13 @@ class Sweep:
 def _places(row: dict[str, Any], m: Measurement) -> list[dict[str, Any]]:
     """Where a measurement's figures are in a flat row: its decode points (point scope) or the row itself."""
     return (row.get("decode_points") or []) if m.scope == "point" else [row]
+
+
+def noisy_earlier(record: dict[str, Any] | None, sweep: int) -> bool:
+    """Whether a measured record of an earlier sweep has a decode point timed on a noisy machine (``--retime``)."""
+    if record is None or record.get("status") != "ok" or record.get("sweep") == sweep:
+        return False
+    return any(p.get("noisy") for p in flat_row(record).get("decode_points") or [])
 
 
 def shard_of(variant_key: str, shards: int) -> int:

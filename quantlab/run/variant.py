@@ -28,26 +28,38 @@ def _identity(recipe: Recipe, variant: Variant) -> dict[str, Any]:
     }
 
 
-def measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None = None) -> dict[str, Any]:
+def measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None = None,
+                    retime: bool = False) -> dict[str, Any]:
     """Load, quantize and run every enabled measurement of one variant in this process (with the recipe's
     threads); returns the record's body (identity, measurements by name, decode points). ``run_folder`` holds
-    run-wide intermediates."""
+    run-wide intermediates. ``retime``: measure only the decode points again, keeping every other figure of the
+    variant's record in ``run_folder`` (its quality was not in question, its timing was)."""
+    kept = _kept_record(run_folder, variant) if retime else None
     with recipe.threads_applied():
-        return _measure_variant(recipe, variant, run_folder)
+        return _measure_variant(recipe, variant, run_folder, kept)
 
 
-def _measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None) -> dict[str, Any]:
+def _kept_record(run_folder: Path | None, variant: Variant) -> dict[str, Any] | None:
+    """The measured record whose variant-scope figures a re-timing keeps (None: measure everything)."""
+    from .records import RunFolder
+
+    record = RunFolder(run_folder).read_record(variant.key) if run_folder is not None else None
+    return record if record is not None and record.get("status") == "ok" else None
+
+
+def _measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None,
+                     kept: dict[str, Any] | None = None) -> dict[str, Any]:
     device = resolve_device(recipe.device)
     body = {**_identity(recipe, variant), "device": describe_device(device), "started_at": now_iso()}
     start = time.perf_counter()
     ctx = VariantContext(recipe, variant, device, run_folder)
     ctx.load_and_quantize()
     measured = [(n, m) for n, m in enabled_measurements(recipe) if not m.derived]
-    measurements: dict[str, Any] = {}
+    measurements: dict[str, Any] = dict(kept["measurements"]) if kept else {}
     points: list[dict[str, Any]] = []
     try:
         for name, m in measured:
-            if m.scope == "variant":
+            if m.scope == "variant" and kept is None:
                 measurements.update(_results({name: m.measure(ctx)}))
             elif not points:  # the point measurements run together, at the first one's place in the order
                 per_point = [(n, pm) for n, pm in measured if pm.scope == "point"]
@@ -58,6 +70,11 @@ def _measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None) 
         ctx.close()
     body.update(status="ok", error=None, measurements=measurements, points=points,
                 wall_s=round(time.perf_counter() - start, 3), environment=environment())
+    if kept is not None:  # the quality figures and exports stand as first measured; only the timing is new
+        body["retimed"] = {"first_started_at": kept.get("started_at"), "first_sweep": kept.get("sweep")}
+        if kept.get("exports"):
+            body["exports"] = kept["exports"]
+        return body
     targets = recipe.exports_for(variant)
     if targets:
         from .export import export_measured
@@ -76,10 +93,11 @@ def failed_record(recipe: Recipe, variant: Variant, error: str) -> dict[str, Any
     return {**_identity(recipe, variant), "status": "failed", "error": error, "measurements": {}, "points": []}
 
 
-def measure_variant_safely(recipe: Recipe, variant: Variant, run_folder: Path | None = None) -> dict[str, Any]:
+def measure_variant_safely(recipe: Recipe, variant: Variant, run_folder: Path | None = None,
+                           retime: bool = False) -> dict[str, Any]:
     """``measure_variant``, with any failure (out of memory, unsupported shape, ...) recorded as failed."""
     try:
-        return measure_variant(recipe, variant, run_folder)
+        return measure_variant(recipe, variant, run_folder, retime)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # a failed variant is a result, not the end of the run

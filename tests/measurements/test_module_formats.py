@@ -1,6 +1,8 @@
 """Per-module formats in a run: every mixed or overridden variant lists its linears by format."""
 from pathlib import Path
 
+import pytest
+
 from quantlab import run_recipe, validate_recipe
 from quantlab.files import read_jsonl
 from quantlab.measurements.module_formats import summarize
@@ -13,6 +15,7 @@ def test_the_summary_groups_linears_by_format_module_type_and_layer_ranges() -> 
     assert summarize(formats) == "int8 ×6 (down_proj 0-2,5; q_proj 3; lm_head) · int4 ×3 (down_proj 3-4,6)"
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_run_records_the_assignment_and_the_report_lists_it(tmp_path: Path) -> None:
     recipe = validate_recipe({
         "name": "mf", "model": {"bundled": "tiny-stdlib-llama"}, "device": "cpu", "isolation": "none",

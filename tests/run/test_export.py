@@ -33,6 +33,11 @@ def test_a_run_exports_what_it_measured_and_the_cli_writes_the_same_file(small_m
     assert records["nf4-b64"]["status"] == "ok" and "nearest" in refused["gguf"]["error"]
     assert "fp32" not in {r for r, rec in records.items() if rec.get("exports")}
     assert "exports/" in (out / "report.md").read_text()
+    plain = tmp_path / "plain"
+    plain.write_text("")  # the mode the umask gives an ordinary new file
+    written = [f for f in (out / "exports").rglob("*") if f.is_file()]
+    assert any(f.suffix == ".safetensors" for f in written)  # safetensors creates its files 0600 by itself
+    assert {f.stat().st_mode & 0o777 for f in written} == {plain.stat().st_mode & 0o777}
 
     assert main(["export", str(out), "--variant", int4, "--to", "gguf", "--out", str(tmp_path / "again")]) == 0
     assert "as measured" in capsys.readouterr().err

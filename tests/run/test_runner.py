@@ -58,7 +58,10 @@ def test_every_variant_is_measured_with_units_and_protocol(quickstart_slice: Pat
 
 def test_report_and_csv_put_the_baseline_first(quickstart_slice: Path) -> None:
     report = (quickstart_slice / "report.md").read_text()
-    table = [ln for ln in report.splitlines() if ln.startswith("| ") and "variant" not in ln]
+    summary, details = report.split("## Details")
+    table = [ln for ln in summary.splitlines() if ln.startswith("| ") and "variant" not in ln]
+    assert table[0].startswith("| fp32 (baseline)") and len(table) == 4
+    table = [ln for ln in details.splitlines() if ln.startswith("| ") and "variant" not in ln]
     assert table[0].startswith("| fp32 | ok |") and len(table) == 4
     assert "windows: window 256, stride 256" in report
     assert "config estimate MiB" in report and "meta device" in report
@@ -84,6 +87,7 @@ def _small_recipe(model_dir: Path, weights: list) -> dict:
             "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 512}}, "isolation": "none", "device": "cpu"}
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_per_module_mix_is_a_variant_whose_bytes_follow_each_module(small_model_dir: Path, tmp_path: Path) -> None:
     mixed = {"format": "int4", "group_size": 32, "overrides": [{"modules": "*.down_proj", "format": "int8"}]}
     recipe = validate_recipe(_small_recipe(small_model_dir, ["int8", {"format": "int4", "group_size": 32}, mixed]))
@@ -119,6 +123,7 @@ def test_a_variant_past_its_time_limit_is_stopped_and_recorded(small_model_dir: 
     assert "timed out after 0.2 s" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_workers_progress_reaches_the_log_and_its_last_line_the_error(small_model_dir: Path, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUANTLAB_PROGRESS_INTERVAL_S", "0")  # a line per step (default: at most one per 30 s)
@@ -143,6 +148,7 @@ def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: P
     assert sum("already measured" in m for m in logs) == 2
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_rows_measured_on_another_machine_are_measured_again(small_model_dir: Path, tmp_path: Path) -> None:
     # An example report copied from elsewhere must not pass for the user's own measurement.
     recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
@@ -163,6 +169,7 @@ def test_rows_measured_on_another_machine_are_measured_again(small_model_dir: Pa
     assert len(replaced) == 1 and json.loads(replaced[0].read_text())["fingerprint"]["host"] == "another-machine"
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_derived_figures_come_from_the_rows_own_inputs(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32"]))
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
@@ -178,6 +185,7 @@ def test_derived_figures_come_from_the_rows_own_inputs(small_model_dir: Path, tm
     assert f"{record['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_array_job_shards_cover_every_variant_once(small_model_dir: Path, tmp_path: Path) -> None:
     from quantlab.run.sweep import shard_of
 
@@ -200,6 +208,7 @@ def test_array_job_shards_cover_every_variant_once(small_model_dir: Path, tmp_pa
     assert shard_of("00000000000000ff", 4) == 3 and shard_of("0000000000000100", 4) == 0  # a stable hash, not Python's
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_model_offloaded_to_disk_runs_with_the_figures_of_the_whole_model(tmp_path: Path) -> None:
     def run(model: dict, out: str) -> dict:
         recipe = validate_recipe({"name": "offload", "model": {"bundled": "tiny-stdlib-llama", **model},
@@ -268,6 +277,7 @@ def test_gptq_layer_error_is_below_rtn_for_every_layer_of_the_bundled_model() ->
     assert torch.isfinite(torch.tensor([d["output_error_gptq"] for d in report.details.values()])).all()
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_every_batch_and_context_length_is_a_measurement_point(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe({**_small_recipe(small_model_dir, ["fp32", "int8"]),
                               "workload": {**WORKLOAD, "batch_size": [1, 2], "prompt_tokens": [8, 32]}})
@@ -367,7 +377,8 @@ def uninterrupted(small_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     return recipe, read_jsonl(folder / "out" / "results.jsonl")
 
 
-@pytest.mark.parametrize("signal_name", ["SIGKILL", pytest.param("SIGINT", marks=pytest.mark.slow)])
+@pytest.mark.slow  # end to end (two runs, a kill and a resume); CI's slow tier runs it
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGINT"])
 def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     uninterrupted: tuple[Path, list[dict]], tmp_path: Path, signal_name: str
 ) -> None:
@@ -395,6 +406,8 @@ def test_an_interrupted_run_resumes_to_the_rows_of_an_uninterrupted_one(
     left = list((out / "claims").glob("*.json"))
     if signal_name == "SIGINT":
         assert proc.returncode == 130 and "run the same command again to resume" in stderr
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr  # one line, no worker's
+        assert stderr.strip().splitlines()[-1] == "quantlab: interrupted; run the same command again to resume"
         assert left == []  # an interrupted process gives its claim back
     else:
         assert len(left) == 1  # a killed one cannot: its claim stays, with a dead owner
@@ -431,6 +444,7 @@ def test_two_concurrent_runs_share_the_variants_and_measure_each_once(small_mode
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_calibrated_format_is_solved_once_for_all_its_kv_formats(tmp_path: Path) -> None:
     """GPTQ paired with two KV formats: the first variant solves and keeps the model in the run folder, the second
     (another worker process) loads it; the weights are the same, and the kept copy goes when the run completes."""

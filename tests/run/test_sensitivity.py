@@ -91,6 +91,7 @@ def test_an_interrupted_sweep_resumes_from_its_rows_and_several_formats_share_on
     assert stamps == {2 * 127, 127}
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_the_table_feeds_a_mixed_format(tmp_path: Path) -> None:
     from quantlab import quantize_
     from quantlab.extend import WEIGHT_FORMATS
@@ -120,6 +121,7 @@ def test_a_format_in_another_compute_dtype_is_refused(tmp_path: Path, capsys: py
     assert "compute dtype" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_format_that_keeps_the_models_dtype_sits_beside_a_cast_baseline(tmp_path: Path) -> None:
     path = _recipe(tmp_path, model={"bundled": "tiny-stdlib-llama", "dtype": "bfloat16"}, weights=["bf16", "int8"])
     assert main(["sensitivity", str(path), "--max-tokens", "128", "--out", str(tmp_path / "out")]) == 0

@@ -325,6 +325,8 @@ class AWQFormat(AffineFormat):
         return f"{super().scheme_label}-awq" + ("" if self.search_clip else "-noclip") + (
             "" if self.duo_scaling else "-xonly")
 
+    exports_decided_at_export: ClassVar[bool] = True
+
     @property
     def exports(self) -> tuple[str, ...]:
         # Whether every scale folds depends on the model (o_proj after grouped-query attention keeps its own input

@@ -73,9 +73,15 @@ class GPTQModelFormat(GPTQSettings):
     def recorded_settings(self) -> dict[str, Any]:
         return {**super().recorded_settings, "method": "gptqmodel", "act_group_aware": self.act_group_aware}
 
-    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
+    def missing_dependency(self) -> str | None:
         if importlib.util.find_spec("gptqmodel") is None:
-            raise UnsupportedError("weight format gptqmodel needs GPTQModel: pip install 'quantlab[gptq]'")
+            return "weight format gptqmodel needs GPTQModel: pip install 'quantlab[gptq]'"
+        return super().missing_dependency()
+
+    def apply_(self, model: nn.Module, selected: list[str], calibration: Calibration | None) -> dict[str, Any]:
+        missing = self.missing_dependency()
+        if missing:
+            raise UnsupportedError(missing)
         from safetensors.torch import load_file
 
         if calibration is None or calibration.tokenizer is None:

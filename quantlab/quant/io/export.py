@@ -181,9 +181,9 @@ def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Te
     """A transformers checkpoint folder: ``model.safetensors``, ``config.json`` carrying ``qconfig`` as its
     ``quantization_config``, and the tokenizer: the loaded one, else the source folder's tokenizer files
     (GPTQModel loads a folder only with its tokenizer). Returns the names of the files written."""
-    from safetensors.torch import save_file
+    from ...files import save_safetensors
 
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    save_safetensors(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = model.config.to_dict()
     config["quantization_config"] = qconfig
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))

@@ -163,6 +163,10 @@ class MixedFormat(WeightFormat):
     def unquantized_dtype(self, base: torch.dtype) -> torch.dtype:
         return self.candidates[0].unquantized_dtype(base)
 
+    def missing_dependency(self) -> str | None:
+        found = [c.missing_dependency() for c in (*self.candidates, *([self.budget_format] if self.budget_format else []))]
+        return next((m for m in found if m), None) or super().missing_dependency()
+
     def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
                     base: torch.dtype) -> tuple[str, str] | None:
         """Besides the globs: a budget below the smallest possible total is refused before the scan."""

@@ -42,6 +42,7 @@ def test_sliding_protocol_with_a_prefix_token_is_lm_evals_rolling_loglikelihood(
     assert ours["perplexity"] == pytest.approx(math.exp(-loglik / tokens), rel=1e-4)
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_lm_eval_protocol_reports_the_harness_metrics(bundled) -> None:
     model, tokenizer, text = bundled
     got = lm_eval_perplexity(model, tokenizer, text, window_tokens=128, batch_size=4, device=CPU)
@@ -53,6 +54,7 @@ def test_lm_eval_protocol_reports_the_harness_metrics(bundled) -> None:
     assert got["perplexity_protocol"]["name"] == "lm-eval"
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_a_recipe_can_name_the_lm_eval_protocol(small_model_dir, tmp_path) -> None:
     from quantlab import run_recipe, validate_recipe
     from quantlab.files import read_jsonl

@@ -227,6 +227,7 @@ def test_awq_refuses_a_dispatched_model() -> None:
         quantize_(model, WEIGHT_FORMATS["awq"].build(bits=4), _calibration(model, 2))
 
 
+@pytest.mark.slow  # end to end; CI's slow tier runs it
 def test_awq_beats_rtn_on_the_bundled_model_at_three_bits() -> None:
     """Output error of each group's enclosing module with only that group quantized: AWQ's scales against
     plain round-to-nearest, summed over the model (the per-group figures the format reports)."""

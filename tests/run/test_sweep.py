@@ -1,0 +1,116 @@
+"""A sweep's share of the work: timing only the rows flagged noisy again (``--retime``), and waiting for a twin's
+calibrated weights instead of solving them a second time."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantlab.measurements.context import shared_weights_path
+from quantlab.run.claims import Claims
+from quantlab.run.recipe import validate_recipe
+from quantlab.run.records import RunFolder
+from quantlab.run.runner import run_recipe
+from quantlab.run.sweep import Sweep, noisy_earlier
+
+WORKLOAD = {"prompt_tokens": 8, "new_tokens": 4, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"}
+
+
+def test_retime_measures_only_the_noisy_rows_timing_again_and_keeps_their_other_figures(tmp_path: Path) -> None:
+    recipe = validate_recipe({"name": "retime", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32", "int8"],
+                              "workload": WORKLOAD, "isolation": "none", "device": "cpu",
+                              "evaluations": {"perplexity": {"window_tokens": 64, "max_tokens": 256}}})
+    out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
+    folder = RunFolder(out)
+    fp32, int8 = (v.key for v in recipe.variants())
+    busy = folder.read_record(int8)
+    busy["points"][0]["measurements"]["latency"].update(threads=2, load_average_1m=7.5)  # as a busy machine leaves it
+    folder.write_record(busy)
+    quiet_before = folder.record_path(fp32).read_text()
+    assert noisy_earlier(busy, busy["sweep"] + 1) and not noisy_earlier(busy, busy["sweep"])
+
+    logs: list[str] = []
+    run_recipe(recipe, out, log=logs.append, retime=True)
+    assert any(line.endswith("int8-pc-asym: timing again (flagged noisy)") for line in logs), logs
+    assert any("fp32: already measured, skipped" in line for line in logs), logs
+    assert folder.record_path(fp32).read_text() == quiet_before  # the quiet row is untouched
+    again = folder.read_record(int8)
+    assert again["retimed"] == {"first_started_at": busy["started_at"], "first_sweep": busy["sweep"]}
+    assert again["measurements"] == busy["measurements"]  # perplexity, weights: kept as first measured
+    latency = again["points"][0]["measurements"]["latency"]
+    assert latency.get("load_average_1m") != 7.5 and latency["decode_steps"] == 4
+    assert len(list(folder.replaced_dir.glob(f"{int8}.*.json"))) == 2  # the edited record and the noisy one, kept
+    logs.clear()
+    run_recipe(recipe, out, log=logs.append, retime=True)  # nothing flagged any more (or flagged in this sweep)
+    assert not any("timing again" in line for line in logs) or not noisy_earlier(folder.read_record(int8), 99)
+
+
+@pytest.fixture
+def solve_recipe():
+    return validate_recipe({"name": "solve", "model": {"bundled": "tiny-stdlib-llama"},
+                            "weights": [{"format": "gptq", "bits": 4, "group_size": 128}, "fp32"],
+                            "kv_cache": ["native", {"format": "int8", "group_size": 32, "residual_tokens": 0}],
+                            "workload": WORKLOAD, "device": "cpu", "calibration": {"samples": 4, "seq_len": 128}})
+
+
+def test_a_variant_waits_while_a_twin_solves_its_weights_then_goes_on(solve_recipe, tmp_path: Path) -> None:
+    import torch
+
+    gptq_native, gptq_int8, fp32_native, fp32_int8 = solve_recipe.variants()
+    folder = RunFolder(tmp_path / "out")
+    folder.path.mkdir()
+    solver = Claims(folder.path).try_claim(gptq_native.key)  # another process solving GPTQ right now
+    sweep = Sweep(solve_recipe, folder, 0, lambda _: None)
+    started: list[str] = []
+    sweep.start = lambda index, variant, claim, tag: (started.append(variant.label), sweep.claims.release(claim))
+    held = sweep.one_pass()
+    assert started == [fp32_native.label, fp32_int8.label]  # the twin of the solve waits
+    assert set(held) == {gptq_native.key, gptq_int8.key} and held[gptq_int8.key].path == solver.path
+    kept = shared_weights_path(solve_recipe, gptq_int8, torch.device("cpu"), folder.path)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"solved")  # the solver kept its weights: the twin loads them instead of solving
+    started.clear()
+    sweep.one_pass()
+    assert gptq_int8.label in started and gptq_native.label not in started
+    assert sweep.solving_elsewhere(gptq_int8) is None
+
+
+def test_a_twin_whose_solver_gave_up_its_claim_solves_its_own(solve_recipe, tmp_path: Path) -> None:
+    gptq_native, gptq_int8, *_ = solve_recipe.variants()
+    folder = RunFolder(tmp_path / "out")
+    folder.path.mkdir()
+    claims = Claims(folder.path)
+    claims.release(claims.try_claim(gptq_native.key))  # the solve ended without keeping weights (it failed)
+    sweep = Sweep(solve_recipe, folder, 0, lambda _: None)
+    assert sweep.solving_elsewhere(gptq_int8) is None
+    assert json.loads(json.dumps(sweep.recipe.to_spec()))["name"] == "solve"
+
+
+def test_add_reports_a_second_recipe_beside_the_first_in_one_folder(tmp_path: Path) -> None:
+    from quantlab.report import load_rows
+
+    def recipe(name: str, weights: list) -> object:
+        return validate_recipe({"name": name, "model": {"bundled": "tiny-stdlib-llama"}, "weights": weights,
+                                "workload": WORKLOAD, "isolation": "none", "device": "cpu"})
+
+    out = run_recipe(recipe("first", ["fp32"]), tmp_path / "out", log=lambda _: None)
+    from quantlab.errors import QuantlabError
+
+    with pytest.raises(QuantlabError, match="holds the records of recipe 'first', not 'second'"):
+        run_recipe(recipe("second", ["bf16"]), out, log=lambda _: None)
+    run_recipe(recipe("second", ["bf16"]), out, log=lambda _: None, add=True)
+    rows, manifest = load_rows(out)
+    assert [r["variant"] for r in rows] == ["fp32", "bf16"] and manifest["recipes"] == ["first", "second"]
+    assert manifest["baseline"] == "bf16"  # the last recipe's baseline; both recipes' rows reported
+
+
+def test_a_kv_format_that_would_keep_most_of_the_workload_unquantized_is_warned_about() -> None:
+    from quantlab.run.runner import kv_residual_warnings
+
+    recipe = validate_recipe({"name": "kv", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"],
+                              "workload": {"prompt_tokens": [16, 512], "new_tokens": 128},
+                              "kv_cache": ["native", {"format": "int4", "group_size": 32, "residual_tokens": 128},
+                                           {"format": "int4", "group_size": 32, "residual_tokens": 32}]})
+    warnings = kv_residual_warnings(recipe)
+    assert len(warnings) == 1 and warnings[0].startswith("warning: kv_cache[1] (int4-g32-r128) keeps 128 of the 144")
