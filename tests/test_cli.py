@@ -139,7 +139,8 @@ def test_an_output_folder_that_cannot_be_written_is_refused(tmp_path: Path, caps
 
 @pytest.mark.parametrize("fields,where", [
     ({"workload": {"prompt_tokens": 1100, "new_tokens": 8}}, "workload.prompt_tokens: 1100 + new_tokens 8 = 1108"),
-    ({"evaluations": {"perplexity": {"window_tokens": 2048}}}, "evaluations.perplexity.window_tokens: 2048"),
+    pytest.param({"evaluations": {"perplexity": {"window_tokens": 2048}}}, "evaluations.perplexity.window_tokens: 2048",
+                 marks=pytest.mark.slow),  # the same check through a fresh interpreter: once in the default run
 ])
 def test_lengths_beyond_the_position_limit_are_refused_with_the_limit_and_its_source(tmp_path: Path, fields: dict, where: str) -> None:
     path = _recipe(tmp_path, **fields)
@@ -226,8 +227,10 @@ def _main_error(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: s
      ["weights[0].budget_bytes: the budget of 1,000 bytes is below the smallest possible total"]),
     ({"kv_cache": ["native", {"format": "int4", "group_size": 32, "residual_tokens": 1000}]},
      ["kv_cache[1].residual_tokens: 1000 recent positions kept in full precision, but the run holds at most 10"]),
-    ({"evaluations": {"lm_eval_tasks": [{"task": "stdlib_continuaton", "include_path": "EVALS"}]}},
-     ["evaluations.lm_eval_tasks[0].task: no task 'stdlib_continuaton'", "did you mean 'stdlib_continuation'"]),
+    pytest.param({"evaluations": {"lm_eval_tasks": [{"task": "stdlib_continuaton", "include_path": "EVALS"}]}},
+                 ["evaluations.lm_eval_tasks[0].task: no task 'stdlib_continuaton'", "did you mean 'stdlib_continuation'"],
+                 marks=pytest.mark.slow),  # lm-eval's task index takes seconds to build
+
 ])
 def test_a_recipe_that_cannot_apply_to_its_model_is_refused_before_any_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict, needles: list[str]) -> None:

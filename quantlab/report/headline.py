@@ -154,17 +154,24 @@ def smallest_within(judged: list[Judged], base: Judged | None, rules: Rules) -> 
     if not any(j.metric for j in judged):
         return Answer("smallest", title, None, "no quality figure was measured (add `evaluations: {perplexity: {}, "
                       "divergence: {}}` to the recipe).")
-    best = passing[0] if passing else None
-    if best is None or (base is not None and best is base):
-        smaller = sorted((j for j in judged if j is not base and j.metric and base is not None
-                          and j.footprint_bytes < base.footprint_bytes), key=lambda j: (j.metric != "kl", j.loss))
-        closest = f" The closest smaller one is **{smaller[0].variant}** ({quality_text(smaller[0])})." if smaller else ""
-        return Answer("smallest", title, None, "no variant smaller than the baseline stays within the tolerance." + closest)
-    ties = _ranked_ties(best, passing)
+    smaller = [j for j in judged if j is not base and j.metric and base is not None
+               and j.footprint_bytes < base.footprint_bytes]
+    if not passing or passing[0] is base:
+        closest = sorted(smaller, key=lambda j: (j.metric != "kl", j.loss))
+        note = f" The closest smaller one is **{closest[0].variant}** ({quality_text(closest[0])})." if closest else ""
+        return Answer("smallest", title, None, "no variant smaller than the baseline stays within the tolerance." + note)
+    group = [passing[0], *_ranked_ties(passing[0], passing)]  # the same size, to within SAME_BYTES_SHARE
+    if base is not None and base in group:
+        saved = base.footprint_bytes - passing[0].footprint_bytes
+        return Answer("smallest", title, None, "no variant is materially smaller than the baseline: those within the "
+                      f"tolerance hold within {SAME_BYTES_SHARE:.1%} of its bytes at this workload (the smallest, "
+                      f"**{passing[0].variant}**, saves {_mib(saved)} MiB).")
+    best = min(group, key=lambda j: j.loss)
     text = f"**{best.variant}**: {_bytes_text(best, base)}, {quality_text(best)}."
+    ties = [t for t in group if t is not best]
     if ties:
-        text += " Tied in bytes with " + ", ".join(f"**{t.variant}** ({quality_text(t)})" for t in ties) + \
-            f"; {best.variant} is named for its lower loss."
+        text += f" Tied in bytes (within {SAME_BYTES_SHARE:.1%}) with " + ", ".join(
+            f"**{t.variant}** ({quality_text(t)})" for t in ties) + f"; {best.variant} is named for its lower loss."
     return Answer("smallest", title, best.variant, text, {"bytes": f"{_mib(best.footprint_bytes)} MiB",
                                                           "quality": quality_text(best)})
 

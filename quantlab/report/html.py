@@ -99,7 +99,7 @@ def _details(frame: pd.DataFrame, baseline: str, front: dict[str, bool], section
 def _breakable(label: str) -> str:
     """A variant label escaped, with line-break opportunities after / @ + (long labels wrap instead of widening)."""
     out = esc(label)
-    for ch in ("/", "@", "+"):
+    for ch in ("/", "@", "+", ",", "["):
         out = out.replace(ch, ch + "<wbr>")
     return out
 

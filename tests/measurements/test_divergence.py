@@ -14,6 +14,7 @@ def _recipe(weights: list, **divergence) -> dict:
             "isolation": "none", "device": "cpu"}
 
 
+@pytest.mark.slow  # a run of three variants; CI's slow tier runs it
 def test_int2_diverges_more_than_int8_and_the_baseline_not_at_all(tmp_path: Path) -> None:
     out = run_recipe(validate_recipe(_recipe(["fp32", "int8", {"format": "int2", "group_size": 64}])), tmp_path / "out",
                      log=lambda _: None)

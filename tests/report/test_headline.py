@@ -150,7 +150,7 @@ def test_two_variants_at_the_same_bytes_are_said_to_tie(tmp_path: Path) -> None:
             make_row("int4-gptq", 4.0, 58.59, 2.4)]
     got = answers(write_run(tmp_path / "run", "tie", rows))
     assert got["smallest"].variant == "int4-gptq"
-    assert "Tied in bytes with **int4-rtn**" in got["smallest"].text
+    assert "Tied in bytes (within 0.5%) with **int4-rtn**" in got["smallest"].text
 
 
 def test_the_recipe_sets_the_tolerance(tmp_path: Path) -> None:
@@ -184,3 +184,20 @@ def test_report_summary_flag_prints_the_answer_instead_of_the_path(tmp_path: Pat
     out = capsys.readouterr().out
     assert ("smallest within tolerance" in out) == flag and out.rstrip().endswith("report.md")
     assert json.loads((run / "manifest.json").read_text())["baseline"] == "bf16"
+
+
+def test_variants_no_smaller_than_the_baseline_to_within_half_a_percent_are_not_an_answer(tmp_path: Path) -> None:
+    """A KV format that saves a few hundred KiB beside 500 MiB of weights at this workload is not a smaller model."""
+    rows = [make_row("bf16/kv-native", 500.0, 25.29, 4.0), make_row("bf16/kv-fp8", 499.0, 25.50, 4.0),
+            make_row("bf16/kv-int8", 499.5, 25.26, 4.0)]
+    got = answers(write_run(tmp_path / "run", "kv", rows))
+    assert got["smallest"].variant is None
+    assert "no variant is materially smaller than the baseline" in got["smallest"].text
+    assert "the smallest, **bf16/kv-fp8**, saves 1.000 MiB" in got["smallest"].text
+
+
+def test_among_variants_of_the_same_bytes_the_lowest_loss_is_named(tmp_path: Path) -> None:
+    rows = [make_row("fp32", 19.0, 58.5, 4.0), make_row("int4-a", 4.00, 58.78, 2.4),
+            make_row("int4-b", 4.01, 58.59, 2.4)]  # b is 0.25% larger and better: the tie names b
+    got = answers(write_run(tmp_path / "run", "tie2", rows))
+    assert got["smallest"].variant == "int4-b" and "Tied in bytes (within 0.5%) with **int4-a**" in got["smallest"].text

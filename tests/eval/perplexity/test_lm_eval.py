@@ -71,6 +71,7 @@ def test_a_recipe_can_name_the_lm_eval_protocol(small_model_dir, tmp_path) -> No
     assert "lm-eval" in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.slow  # end to end through lm-eval; CI's slow tier runs it
 def test_a_local_lm_eval_task_runs_and_lands_in_the_results(tmp_path) -> None:
     from pathlib import Path
 
