@@ -1,5 +1,5 @@
 """What one call of a C kernel costs beyond its work, by how the op is defined: the plain Python function, the op as
-``torch.library.custom_op`` defines it, and as ``quantlab.quant.kernels.ops.native_op`` defines it (the dispatcher
+``torch.library.custom_op`` defines it, and as ``quantlab.native.ops.native_op`` defines it (the dispatcher
 directly), each called as a compiled graph calls it and inside a compiled chain of 50 calls.
 
     python benchmarks/op_overhead.py [--threads 1] [--calls 3000]
@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
+from quantlab.native.ops import native_op, register_fake
 from quantlab.quant.kernels.ggml import ggml_matmul_q8, quantize_ggml
-from quantlab.quant.kernels.ops import native_op, register_fake
 
 
 def per_call_us(f: Callable[[], object], calls: int) -> float:

@@ -135,5 +135,5 @@ def test_the_library_never_imports_the_command_line() -> None:
 
 def test_the_layout_has_its_packages() -> None:
     for package in ("engine", "eval", "eval.perplexity", "measurements", "quant", "quant.formats", "quant.tensors",
-                    "quant.kernels", "quant.calibrate", "quant.mixed", "quant.io", "run", "kv", "estimate", "report"):
+                    "quant.kernels", "quant.calibrate", "quant.mixed", "quant.io", "run", "kv", "estimate", "report", "native"):
         assert f"quantlab.{package}" in PACKAGES, package

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import native
 from ..errors import UnsupportedError
-from ..quant.kernels import native
-from ..quant.kernels.ops import native_op, register_fake
+from ..native.ops import native_op, register_fake
 
 if TYPE_CHECKING:
     from .static import CodeStore, StaticPackedLayer

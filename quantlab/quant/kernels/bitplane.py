@@ -15,12 +15,12 @@ import functools
 
 import torch
 
+from ... import native
+from ...native.ops import native_op, register_fake
 from ..tensors.affine import QuantizedTensor
 from ..tensors.float_zero import FloatZeroTensor
 from ..tensors.primitives import pack
-from . import native
 from .base import KERNELS, OUT_KINDS, FusedRowsKernel, act_order_columns, group_index, traced
-from .ops import native_op, register_fake
 
 BLOCK = 32  # codes per block: input widths and group sizes must be multiples of it
 SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -10,10 +10,10 @@ from typing import ClassVar
 
 import torch
 
+from ... import native
+from ...native.ops import native_op, register_fake
 from ..tensors.float8 import Float8Tensor
-from . import native
 from .base import KERNELS, OUT_KINDS, FusedRowsKernel, Kernel, traced
-from .ops import native_op, register_fake
 
 KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kernel's code
 

@@ -3,7 +3,7 @@ blocks multiplied as they are: ``ggml_q8_cpu`` (``auto``'s choice where the CPU 
 backend multiplies, the activations of a decode step rounded to 8-bit blocks and ggml's integer dot products;
 ``ggml_cpu`` weight-only, each block decoded to floats.
 
-``quantize_ggml`` runs ggml's code (``native/ggml_quants.c``, taken from ggml), so a tensor gives the bytes
+``quantize_ggml`` runs ggml's code (``native/third_party/ggml``, taken from ggml), so a tensor gives the bytes
 llama.cpp's quantizer writes for it, with or without an importance matrix.
 
 A decode step's few rows read the GGUF tensor's bytes as they are: ``ggml_matmul_q8`` through ggml's dot
@@ -19,17 +19,17 @@ from typing import ClassVar
 
 import torch
 
+from ... import native
 from ...errors import UnsupportedError
+from ...native.ops import native_op, register_fake
 from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor, row_bytes
 from ..tensors.primitives import check_finite
-from . import native
 from .base import KERNELS, FusedRowsKernel, traced
-from .ops import native_op, register_fake
 
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    lib = native.load("ggml_quants")
+    lib = native.load("ggml")
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ggml_quantize_rows.argtypes = [i, p, p, i64, i64, i64, p]
     lib.ggml_dequantize_rows.argtypes = [i, p, p, i64, i64, i64, i64]

@@ -13,10 +13,10 @@ import functools
 
 import torch
 
+from ... import native
+from ...native.ops import native_op, register_fake
 from ..tensors.codebook import CODEBOOKS, CodebookTensor, dynamic_map
-from . import native
 from .base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
-from .ops import native_op, register_fake
 
 ABSMAX_F32, ABSMAX_DQ = 0, 1
 

@@ -3,7 +3,7 @@
 Each output row is a run of blocks along the input: the legacy blocks of 32 weights (Q4_0, Q4_1, Q5_0, Q5_1,
 Q8_0, IQ4_NL) and the k-quant super-blocks of 256 (Q2_K … Q6_K, IQ4_XS: sub-block scales and mins packed in 4,
 6 or 8 bits under float16 super-block scales). Quantization is ggml's own code (``kernels/ggml.py``,
-``quantize_ggml``, over ``kernels/native/ggml_quants.c``), so a tensor gives the bytes llama.cpp's quantizer
+``quantize_ggml``, over ``native/src/ggml.c`` over ggml's vendored code), so a tensor gives the bytes llama.cpp's quantizer
 writes, with or without an importance matrix (per-input-column weights of the rounding error, ``imatrix``).
 
 A row whose length is not a whole number of its type's blocks takes llama.cpp's substitute for that type (its

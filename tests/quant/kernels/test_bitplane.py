@@ -2,10 +2,9 @@ import pytest
 import torch
 
 from conftest import rel_error
-from quantlab import gptq_quantize, quantize_tensor
+from quantlab import gptq_quantize, native, quantize_tensor
 from quantlab.errors import UnsupportedError
 from quantlab.quant.kernels import bitplane as kernel_bitplane
-from quantlab.quant.kernels import native
 from quantlab.quant.kernels.base import DequantKernel, choose_kernel
 from quantlab.quant.kernels.bitplane import BitplaneCPUKernel, from_bitplanes, to_bitplanes
 from quantlab.quant.tensors.primitives import packed_row_bytes

@@ -1,4 +1,8 @@
-"""C kernels shipped as source and compiled at first use with the machine's C compiler (as torch's inductor does).
+"""quantlab's C kernels, shipped as source and compiled at first use with the machine's C compiler (as torch's
+inductor does), and registered as torch ops (``ops``).
+
+``src/`` holds quantlab's own C, one file a kernel; ``third_party/`` holds vendored code, each with its LICENSE and
+the upstream VERSION it was taken at (ggml's block code, which ``src/ggml.c`` includes).
 
 The shared library is cached under ``$QUANTLAB_KERNEL_CACHE`` (default ``~/.cache/quantlab/kernels``), keyed by
 the source, the compiler command and the CPU's model and flags, so it is built once per machine and rebuilt when
@@ -18,9 +22,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ....errors import UnsupportedError
+from ..errors import UnsupportedError
 
-SOURCES = Path(__file__).parent
+SOURCES = Path(__file__).parent / "src"
+THIRD_PARTY = Path(__file__).parent / "third_party"
+INCLUDES = (SOURCES, *sorted(p for p in THIRD_PARTY.iterdir() if p.is_dir()))  # -I for each
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 BUILD_TIMEOUT_S = 120
 
@@ -55,16 +61,19 @@ def load(name: str) -> ctypes.CDLL:
         raise UnsupportedError(f"the {name} kernel is compiled at first use and no C compiler was found "
                                "(install gcc, or set CC)")
     source = SOURCES / f"{name}.c"
-    headers = [h.read_text() for h in sorted(SOURCES.glob("*.h"))]  # what the source includes
-    key = hashlib.sha256("\0".join([source.read_text(), *headers, cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
+    if not source.is_file():
+        raise UnsupportedError(f"the {name} kernel's source {source} is missing (an install without quantlab's C "
+                               "sources: reinstall from the wheel or the checkout)")
+    included = [f.read_text() for d in INCLUDES for f in sorted(d.glob("*")) if f.suffix in (".h", ".c") and f != source]
+    key = hashlib.sha256("\0".join([source.read_text(), *included, cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
             try:
-                done = subprocess.run([cc, *FLAGS, f"-I{SOURCES}", str(source), "-o", str(built)], capture_output=True, text=True,
-                                      timeout=BUILD_TIMEOUT_S)
+                done = subprocess.run([cc, *FLAGS, *(f"-I{d}" for d in INCLUDES), str(source), "-o", str(built)],
+                                      capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise UnsupportedError(f"building the {name} kernel with {cc} failed: {e}") from None
             if done.returncode != 0:
