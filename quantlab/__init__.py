@@ -47,7 +47,7 @@ _LAZY = {
     "KVInt": "quantlab.kv.quantized:KVInt", "HFQuantizedKV": "quantlab.kv.hf_quantized:HFQuantizedKV",
     # recipes and runs
     "Recipe": "quantlab.run.recipe:Recipe", "load_recipe": "quantlab.run.recipe:load_recipe",
-    "validate_recipe": "quantlab.run.recipe:validate_recipe", "run_recipe": "quantlab.run.runner:run_recipe",
+    "validate_recipe": "quantlab.run.recipe:validate_recipe", "run_recipe": "quantlab.api:run_recipe",
 }
 
 __all__ = ["QuantlabError", "RecipeError", "UnsupportedError", *_LAZY]

@@ -14,8 +14,8 @@ def _run(args: argparse.Namespace) -> int:
     from .run.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # a bad recipe fails here, before the runner and reports are imported
+    from .api import run_recipe
     from .report import load_rows, run_summary
-    from .run.runner import run_recipe
 
     if args.threads:
         recipe = recipe.with_threads(args.threads)
@@ -93,8 +93,11 @@ def _sensitivity(args: argparse.Namespace) -> int:
 
     name = "+".join(f.label for f in formats)
     out = args.out or Path("reports") / f"{recipe.name}-sensitivity-{name}-{args.granularity}"
-    run_sensitivity(recipe, formats, args.granularity, out, args.max_tokens,
-                    log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
+    from .report.sensitivity import write_tables
+
+    result = run_sensitivity(recipe, formats, args.granularity, out, args.max_tokens,
+                             log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
+    write_tables(out, result)
     print(out / "sensitivity.md")
     return 0
 

@@ -115,3 +115,15 @@ def calibration_samples(ids: "torch.Tensor", n_samples: int, seq_len: int, seed:
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, ids.numel() - seq_len, (n_samples,), generator=g)
     return [ids[s: s + seq_len].unsqueeze(0) for s in starts.tolist()]
+
+
+def tokenize(tokenizer: Any, text: Text) -> torch.Tensor:
+    """A text's token ids (no special tokens added) as a 1-D long tensor."""
+    import torch
+
+    return torch.tensor(tokenizer(text.text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+
+def token_ids_sha256(ids: torch.Tensor) -> str:
+    """The SHA-256 of token ids as stored (what a stamp names when the ids, not a text, were scored)."""
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()

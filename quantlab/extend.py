@@ -19,7 +19,7 @@ _LAZY = {
     "PERPLEXITY_PROTOCOLS": "quantlab.eval.perplexity:PERPLEXITY_PROTOCOLS",
     "PerplexityProtocol": "quantlab.eval.perplexity:PerplexityProtocol",
     "EXECUTORS": "quantlab.run.executors:EXECUTORS", "Sweep": "quantlab.run.sweep:Sweep",
-    "RunFolder": "quantlab.run.records:RunFolder",
+    "RunFolder": "quantlab.records.folder:RunFolder",
 }
 
 __all__ = list(_LAZY)

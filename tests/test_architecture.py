@@ -112,7 +112,7 @@ def test_the_import_graph_sees_lazy_imports_and_package_inits() -> None:
     graph = import_graph()
     assert "quantlab.quant.formats.rtn" in graph["quantlab.quant.formats"]  # from . import rtn
     assert "quantlab.quant" in graph["quantlab.engine.memory"]  # importing quantlab.quant.linear runs quant/__init__
-    assert "quantlab.report" in graph["quantlab.run.runner"]  # a lazy import inside run_recipe
+    assert "quantlab.report" in graph["quantlab.api"]  # a lazy import inside run_recipe
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -137,3 +137,67 @@ def test_the_layout_has_its_packages() -> None:
     for package in ("engine", "eval", "eval.perplexity", "measurements", "quant", "quant.formats", "quant.tensors",
                     "quant.kernels", "quant.calibrate", "quant.mixed", "quant.io", "run", "kv", "estimate", "report", "native"):
         assert f"quantlab.{package}" in PACKAGES, package
+
+
+# The declared layer map: each part of the package and its tier. An import (at module level, inside a function, or
+# under TYPE_CHECKING) may only go to a part of a lower tier: parts of one tier never import each other, so no loop
+# between packages can form. Shared modules (errors, files, data, ...) are tier 0.
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(["quantlab", "errors", "registry", "dtypes", "paths", "lazy", "validation", "environment",
+                     "entrypoints", "files", "progress", "corpus", "data"], 0),
+    **dict.fromkeys(["native", "fidelity", "models"], 1),
+    "quant": 2,
+    "kv": 3,
+    **dict.fromkeys(["eval", "engine", "estimate"], 4),
+    "measurements": 5,
+    "records": 6,
+    **dict.fromkeys(["run", "report"], 7),
+    **dict.fromkeys(["api", "starter", "extend"], 8),
+    "cli": 9,
+}
+
+
+def part(module: str) -> str:
+    """The layer-map part a module belongs to: its top-level package or module under quantlab."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def every_import() -> list[tuple[str, str]]:
+    """(importing module, imported module) for every quantlab import, TYPE_CHECKING ones included."""
+    found = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [(name, a.name) for a in node.names if a.name.split(".")[0] == "quantlab"]
+            elif isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+                if target.split(".")[0] != "quantlab":
+                    continue
+                for a in node.names:  # ``from quantlab import run`` names a part: count the part
+                    found.append((name, f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target))
+    return found
+
+
+def test_every_part_of_the_package_is_on_the_layer_map() -> None:
+    missing = sorted({part(m) for m in MODULES} - set(LAYERS))
+    assert not missing, f"add to LAYERS: {missing}"
+
+
+def test_every_import_points_down_the_layer_map_lazy_and_type_checking_ones_included() -> None:
+    upward = sorted({f"{a} -> {b} ({part(a)} tier {LAYERS[part(a)]} -> {part(b)} tier {LAYERS[part(b)]})"
+                     for a, b in every_import() if part(a) != part(b) and LAYERS[part(b)] >= LAYERS[part(a)]
+                     and LAYERS[part(a)] > 0})  # the shared modules of tier 0 may use each other (no circle: below)
+    assert not upward, "imports against the layer map:\n" + "\n".join(upward)
+
+
+def test_no_module_circle_counting_type_checking_imports() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for a, b in every_import():
+        if b in MODULES and b != a and not a.startswith(b + "."):
+            graph[a].add(b)
+    found = cycles(graph)
+    assert not found, "module circles: " + " | ".join(describe(c, graph) for c in found)

@@ -1,4 +1,4 @@
 """What a recipe's ``evaluations:`` names: perplexity under registered protocols (``eval.perplexity``, which
-registers them), lm-eval tasks (``eval.lm_eval``) and the divergence from the baseline (``eval.divergence``).
+registers them) and lm-eval tasks (``eval.lm_eval``); the divergence statistics are ``quantlab.fidelity``'s.
 
-Nothing is imported here, so the tensor-level modules (divergence, tokens) load without the others."""
+Nothing is imported here, so the tensor-level modules (tokens) load without the others."""

@@ -1,21 +1,11 @@
 """Token ids of a text, cut to a length and named for the cut, and the hash that names ids themselves."""
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 
-from ..data import Text, load_text
-
-
-def tokenize(tokenizer: Any, text: Text) -> torch.Tensor:
-    return torch.tensor(tokenizer(text.text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-
-
-def token_ids_sha256(ids: torch.Tensor) -> str:
-    """The SHA-256 of token ids as stored (what a stamp names when the ids, not a text, were scored)."""
-    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+from ..data import Text, load_text, token_ids_sha256, tokenize  # noqa: F401  (the evaluations' names for them)
 
 
 def scored_text(source: Any, tokenizer: Any, max_tokens: int | None) -> tuple[torch.Tensor, Text]:

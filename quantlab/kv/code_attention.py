@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +23,12 @@ from .. import native
 from ..errors import UnsupportedError
 from ..native.ops import native_op, register_fake
 
-if TYPE_CHECKING:
-    from .static import CodeStore, StaticPackedLayer
+
+class CodeStore(Protocol):
+    """What the kernel reads of a layer's store (``static.CodeStore`` is one): its codec and its tensors."""
+
+    codec: Any
+    shape: tuple[int, ...]
 
 INT, CAST_F32, CAST_F16, CAST_BF16, CAST_E4M3, INT_CHANNEL = range(6)
 CASTS = {torch.float32: CAST_F32, torch.float16: CAST_F16, torch.bfloat16: CAST_BF16}
@@ -61,7 +65,7 @@ def _kind(codec_bits: int | None, dtype: torch.dtype | None) -> int | None:
     return CASTS.get(dtype)  # type: ignore[arg-type]
 
 
-def reads_codes(store: "CodeStore | None") -> bool:
+def reads_codes(store: CodeStore | None) -> bool:
     """Whether the kernel reads ``store``'s layout: integers per position or per channel (keys), or a float cast."""
     if not available():
         return False
@@ -122,7 +126,7 @@ def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
     return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
 
 
-def _store_args(store: "CodeStore") -> tuple[int, int, int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _store_args(store: CodeStore) -> tuple[int, int, int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     codec, t, d = store.codec, store.tensors, store.shape[2]
     if codec.bits is not None and codec.axis == "channel":
         return INT_CHANNEL, codec.bits, codec.block, d, t["packed"], t["scales"], t["zeros"]
@@ -133,7 +137,7 @@ def _store_args(store: "CodeStore") -> tuple[int, int, int, int, torch.Tensor, t
     return kind, 0, d, d, t["data"], t.get("scale"), None
 
 
-def attend(layer: "StaticPackedLayer", query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
+def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
            softcap: float | None = None) -> torch.Tensor:
     """One decode row per query head (``query [b, hq, 1, d]``) over ``layer`` after its update: ``[b, 1, hq, dv]``.
     ``attention_mask``: transformers' mask over the layer's ``max_cache_len`` positions (boolean or additive)."""

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
+from .code_attention import reads_codes
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
 from .packed import Codec
 
@@ -259,8 +260,6 @@ class StaticPackedLayer(_StaticPacked, StaticLayer):
         return self.is_initialized and self._reads_codes
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        from .code_attention import reads_codes
-
         self._allocate(key_states, value_states, *self.capacity())
         self._reads_codes = reads_codes(self.key_store) and reads_codes(self.value_store)
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..eval.divergence import Reference, compare, reference
 from ..eval.tokens import scored_text, token_ids_sha256
+from ..fidelity.divergence import Reference, compare, reference
 from ..files import atomic_write
 from .base import Column, Measurement, Result, register
 from .context import load_baseline

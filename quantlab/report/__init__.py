@@ -11,8 +11,8 @@ import pandas as pd
 from ..errors import QuantlabError
 from ..files import MANIFEST_FILE, RESULTS_FILE, atomic_write, atomic_write_text
 from ..measurements import all_measurements
-from ..run.records import RunFolder
-from ..run.views import IDENTITY, RUN_FIELDS, flat_row, leave_out_unread_kv
+from ..records.folder import RunFolder
+from ..records.views import IDENTITY, RUN_FIELDS, flat_row, leave_out_unread_kv
 from .headline import Headline, headline
 from .html import render_html
 from .markdown import render

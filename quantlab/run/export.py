@@ -39,8 +39,8 @@ def export_from_run(run_dir: Path, label: str, to: str, out: Path) -> Any:
     from ..measurements import VariantContext
     from ..quant.io import EXPORTERS, export_
     from ..quant.io.export import weights_digest
+    from ..records.folder import RunFolder
     from .recipe import validate_recipe
-    from .records import RunFolder
 
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import QuantlabError, first_line
-from .claims import Claim, Heartbeat
-from .fingerprint import fingerprint_id
+from ..records.claims import Claim, Heartbeat
+from ..records.fingerprint import fingerprint_id
 from .sweep import Sweep
 from .variant import failed_record, finish_record, measure_variant_safely
 
@@ -49,7 +49,7 @@ def measure_task(spec: dict[str, Any], index: int, sweep: int, run_folder: str |
 
 
 def worker_fingerprint() -> dict[str, Any]:
-    from .fingerprint import machine_fingerprint
+    from ..records.fingerprint import machine_fingerprint
 
     return machine_fingerprint()
 

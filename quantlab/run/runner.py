@@ -1,6 +1,7 @@
-"""Run a recipe: check it against the model, join or start a sweep of its run folder, let the recipe's executor
-measure each variant nobody has measured, and rebuild the views. Any number of runs of one recipe can fill one
-folder together."""
+"""Run a recipe: check it against the model, join or start a sweep of its run folder, and let the recipe's
+executor measure each variant nobody has measured, one record each. Any number of runs of one recipe can fill one
+folder together. The views (reports, tables) are the report package's, built from the records after a run
+(``quantlab.api.run_recipe``, ``quantlab run``, ``quantlab report``)."""
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ from ..files import MANIFEST_FILE, atomic_write_text
 from ..measurements import enabled_measurements
 from ..measurements.context import config_estimate
 from ..models import gguf_tensor_types, load_config, weight_files_problem
+from ..records.fingerprint import describe, machine_fingerprint
+from ..records.folder import RunFolder
 from .executors import EXECUTORS
-from .fingerprint import describe, machine_fingerprint
 from .recipe import ExecutorSpec, Recipe
-from .records import RunFolder
 from .sweep import Log, Sweep
 
 
@@ -202,7 +203,7 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
                shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
                retime: bool = False, add: bool = False) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
-    other process running into the same folder), then rebuild the views. Returns ``out_dir``.
+    other process running into the same folder), writing a record each. Returns ``out_dir``.
 
     ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
     anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report).
@@ -234,8 +235,6 @@ def other_recipes(out_dir: Path, recipe: Recipe) -> list[str]:
 
 def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any, log: Log,
          shard: tuple[int, int] | None, retime: bool = False, add: bool = False) -> Path:
-    from ..report import write_report
-
     folder = RunFolder(out_dir)
     folder.check_writable()
     folder.convert_legacy(log)
@@ -255,6 +254,4 @@ def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any
     else:
         log(f"shard {shard[0]}/{shard[1]} done; other shards' variants are still missing (quantlab report {out_dir} "
             "once every shard has finished)" if shard else "some variants are still missing")
-    if folder.has_records():
-        write_report(out_dir, log=log)
     return out_dir

@@ -16,12 +16,12 @@ from ..engine.bandwidth import copy_bandwidth_bytes_per_s
 from ..engine.device import resolve_device
 from ..measurements import Measurement, all_measurements
 from ..progress import LINE_PREFIX
-from .claims import Claim, Claims, Heartbeat
-from .fingerprint import fingerprint_id, machine_fingerprint
+from ..records.claims import Claim, Claims, Heartbeat
+from ..records.fingerprint import fingerprint_id, machine_fingerprint
+from ..records.folder import RunFolder, reusable, wait_s
+from ..records.views import flat_row
 from .recipe import ExecutorSpec, Recipe, Variant
-from .records import RunFolder, reusable, wait_s
 from .variant import failed_record, finish_record, measure_variant_safely
-from .views import flat_row
 
 Log = Callable[[str], None]
 

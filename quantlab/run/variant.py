@@ -14,10 +14,10 @@ from ..environment import environment
 from ..errors import QuantlabError, first_line
 from ..measurements import VariantContext, enabled_measurements
 from ..progress import progress
-from .claims import owner
-from .fingerprint import fingerprint_id, machine_fingerprint
+from ..records.claims import owner
+from ..records.fingerprint import fingerprint_id, machine_fingerprint
+from ..records.folder import RECORD_VERSION, now_iso
 from .recipe import Recipe, Variant
-from .records import RECORD_VERSION, now_iso
 
 
 def _identity(recipe: Recipe, variant: Variant) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def measure_variant(recipe: Recipe, variant: Variant, run_folder: Path | None = 
 
 def _kept_record(run_folder: Path | None, variant: Variant) -> dict[str, Any] | None:
     """The measured record whose variant-scope figures a re-timing keeps (None: measure everything)."""
-    from .records import RunFolder
+    from ..records.folder import RunFolder
 
     record = RunFolder(run_folder).read_record(variant.key) if run_folder is not None else None
     return record if record is not None and record.get("status") == "ok" else None

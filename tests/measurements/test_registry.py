@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from quantlab.measurements import MEASUREMENTS, Column, Measurement, Result, all_measurements, register
+from quantlab.records.views import flat_row
 from quantlab.report import write_report
-from quantlab.run.views import flat_row
 
 PROTOCOL = {"name": "windows", "window_tokens": 64, "stride_tokens": 64, "scored_tokens": 100, "text": "t",
             "text_sha256": "0" * 64}

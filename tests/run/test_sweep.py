@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from quantlab.measurements.context import shared_weights_path
-from quantlab.run.claims import Claims
+from quantlab.records.claims import Claims
+from quantlab.records.folder import RunFolder
 from quantlab.run.recipe import validate_recipe
-from quantlab.run.records import RunFolder
 from quantlab.run.runner import run_recipe
 from quantlab.run.sweep import Sweep, noisy_earlier
 

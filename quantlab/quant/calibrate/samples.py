@@ -4,8 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...data import BUILTIN_TEXTS, Text, calibration_samples, load_text
-from ...eval.tokens import tokenize
+from ...data import BUILTIN_TEXTS, Text, calibration_samples, load_text, tokenize
 from ..format import Calibration
 
 

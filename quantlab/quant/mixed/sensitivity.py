@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ...eval.divergence import compare, reference
+from ...fidelity.divergence import compare, reference
 from ...progress import progress
 from ..calibrate.layers import decoder_layers
 from ..embedding import tied_block_embedding

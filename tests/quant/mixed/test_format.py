@@ -8,8 +8,8 @@ import torch
 
 from quantlab import QuantlabError, quantize_
 from quantlab.engine.memory import weight_bytes_by_component
-from quantlab.eval.divergence import compare, reference
 from quantlab.extend import WEIGHT_FORMATS
+from quantlab.fidelity.divergence import compare, reference
 from quantlab.quant.format import Calibration
 from tests.conftest import make_llama
 

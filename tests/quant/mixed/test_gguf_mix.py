@@ -8,8 +8,8 @@ import torch
 
 from quantlab import quantize_
 from quantlab.engine.memory import weight_bytes_analytic
-from quantlab.eval.divergence import compare, reference
 from quantlab.extend import WEIGHT_FORMATS
+from quantlab.fidelity.divergence import compare, reference
 from quantlab.quant.apply import select_linears
 from quantlab.quant.calibrate import imatrix as imatrix_module
 from quantlab.quant.embedding import BlockEmbedding, block_embedding_

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from quantlab import quantize_
-from quantlab.eval.divergence import compare, reference
 from quantlab.extend import WEIGHT_FORMATS
+from quantlab.fidelity.divergence import compare, reference
 from quantlab.quant.apply import select_linears
 from quantlab.quant.format import Calibration
 from quantlab.quant.mixed.groups import group_linears

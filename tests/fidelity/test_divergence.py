@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from quantlab import quantize_
-from quantlab.eval.divergence import compare, reference
 from quantlab.extend import WEIGHT_FORMATS
+from quantlab.fidelity.divergence import compare, reference
 from tests.conftest import make_llama
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-from quantlab.run.fingerprint import describe, fingerprint_id, machine_fingerprint
+from quantlab.records.fingerprint import describe, fingerprint_id, machine_fingerprint
 
 
 def test_the_fingerprint_names_machine_hardware_and_software() -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from quantlab import QuantlabError
 from quantlab.files import read_jsonl
-from quantlab.run.claims import owner
-from quantlab.run.records import RunFolder, reusable
+from quantlab.records.claims import owner
+from quantlab.records.folder import RunFolder, reusable
 
 
 def _record(key: str, status: str = "ok", fid: str = "me", sweep: int = 0, writer: dict | None = None) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantlab.run.claims import Claims, Heartbeat, owner
+from quantlab.records.claims import Claims, Heartbeat, owner
 
 
 def _write_claim(folder: Path, key: str, generation: int, who: dict, age_s: float = 0.0) -> Path:
@@ -90,7 +90,7 @@ def test_the_heartbeat_keeps_a_claim_fresh(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("missing", [True, False])
 def test_the_machine_id_falls_back_to_the_boot_id(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, missing: bool) -> None:
-    from quantlab.run import fingerprint
+    from quantlab.records import fingerprint
 
     machine = tmp_path / "machine-id"
     if not missing:
