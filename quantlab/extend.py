@@ -15,7 +15,7 @@ _LAZY = {
     "KV_FORMATS": "quantlab.kv:KV_FORMATS", "KVFormat": "quantlab.kv:KVFormat",
     "MEASUREMENTS": "quantlab.measurements:MEASUREMENTS", "Measurement": "quantlab.measurements:Measurement",
     "Result": "quantlab.measurements:Result", "Column": "quantlab.measurements:Column",
-    "register_measurement": "quantlab.measurements:register", "VariantContext": "quantlab.measurements:VariantContext",
+    "register_measurement": "quantlab.measurements:register", "MeasureContext": "quantlab.measurements:MeasureContext",
     "PERPLEXITY_PROTOCOLS": "quantlab.eval.perplexity:PERPLEXITY_PROTOCOLS",
     "PerplexityProtocol": "quantlab.eval.perplexity:PerplexityProtocol",
     "EXECUTORS": "quantlab.run.executors:EXECUTORS", "Sweep": "quantlab.run.sweep:Sweep",

@@ -58,8 +58,8 @@ def test_the_format_classes_are_the_configs_the_registry_builds() -> None:
 
 def test_calibration_from_text_is_the_recipes_calibration(small_model_dir: Path) -> None:
     from quantlab import calibration_from_text, validate_recipe
-    from quantlab.measurements.context import calibration_for
     from quantlab.models import load_model
+    from quantlab.run.lifecycle import calibration_for
 
     loaded = load_model(validate_recipe({"name": "c", "model": {"path": str(small_model_dir)}, "weights": ["fp32"]}).model)
     recipe = validate_recipe({"name": "c", "model": {"path": str(small_model_dir)}, "weights": ["fp32"],

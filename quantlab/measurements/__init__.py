@@ -13,7 +13,7 @@ from . import (
     weights,
 )
 from .base import MEASUREMENTS, Column, Measurement, Result, all_measurements, enabled_measurements, register
-from .context import VariantContext
+from .context import MeasureContext
 
-__all__ = ["MEASUREMENTS", "Column", "Measurement", "Result", "VariantContext", "all_measurements",
+__all__ = ["MEASUREMENTS", "Column", "MeasureContext", "Measurement", "Result", "all_measurements",
            "enabled_measurements", "register"]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from ..registry import Registry
 
 if TYPE_CHECKING:
-    from .context import VariantContext
+    from .context import MeasureContext
 
 MIB = 1 << 20
 
@@ -66,7 +66,7 @@ class Measurement:
     def enabled(self, recipe: Any) -> bool:
         return True
 
-    def measure(self, ctx: "VariantContext", point: tuple[int, int] | None = None) -> Result | None:
+    def measure(self, ctx: "MeasureContext", point: tuple[int, int] | None = None) -> Result | None:
         """The result for this variant (``point``: the (batch, prompt) point of a point-scope measurement)."""
         raise NotImplementedError
 

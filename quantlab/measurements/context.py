@@ -1,232 +1,44 @@
-"""What a variant's measurements share: the loaded, quantized model and one generation per decode point."""
+"""What a measurement reads of the variant it measures: the narrow protocol between the variant's lifecycle
+(``run.lifecycle.VariantContext`` loads, quantizes and serves it) and the measurements, which only measure."""
 from __future__ import annotations
 
-import hashlib
-import json
-import sys
-import time
-from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from ..data import load_text
-from ..engine.decode import DecodeResult, measure_decode
-from ..engine.llama_cpp import ENGINE as LLAMA_CPP
-from ..engine.memory import rss_bytes
-from ..errors import QuantlabError, first_line
-from ..models import (
-    LoadedModel,
-    load_config,
-    load_model,
-    load_tokenizer,
-    model_dtype_name,
-    model_location,
-    model_source,
-)
-from ..progress import stage
-from ..quant import quantize_
-from ..quant.apply import QuantizeReport
-from ..quant.calibrate.samples import calibration_from_text
-from ..quant.format import Calibration
 
+class MeasureContext(Protocol):
+    """One variant, loaded and quantized, as the measurements see it."""
 
-def serve_in_llama_cpp(ctx: "VariantContext") -> Any:
-    """Export the variant's measured model to GGUF (the run folder's ``exports/<label>/gguf``, else a temporary
-    folder) and load the file in llama.cpp, with the KV format's cache type and room for the longest point."""
-    import tempfile
-
-    from ..engine.llama_cpp_engine import LlamaCppVariant
-    from ..files import export_folder
-    from ..quant.io import export_
-    from ..quant.io.gguf import GGUF_FILE
-
-    folder = (export_folder(ctx.run_folder, ctx.variant.label, "gguf") if ctx.run_folder is not None
-              else Path(tempfile.mkdtemp(prefix="quantlab-llama-cpp-")))
-    with stage("exporting the variant to GGUF for llama.cpp"):
-        export_(ctx.model, "gguf", folder, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
-    w = ctx.recipe.workload
-    n_ctx = max(p for _, p in w.points()) + w.new_tokens
-    with stage("starting llama.cpp on the exported file"):
-        return LlamaCppVariant(folder / GGUF_FILE, ctx.variant.kv, torch.get_num_threads(), n_ctx)
-
-
-def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
-    """The recipe's calibration windows, tokenized with the model's tokenizer (random tokens when synthetic)."""
-    c = recipe.calibration
-    if loaded.tokenizer is None:  # synthetic weights: random tokens exercise the same path
-        g = torch.Generator().manual_seed(c.seed)
-        return Calibration([torch.randint(0, loaded.model.config.vocab_size, (1, c.seq_len), generator=g)
-                            for _ in range(c.samples)])
-    return calibration_from_text(loaded.tokenizer, load_text(c.text), c.samples, c.seq_len, c.seed)
-
-
-def config_estimate(model_spec: Any) -> Any | None:
-    """``quantlab estimate`` of the recipe's model (from its config file where there is one, else from the
-    config transformers builds), once per process; None if it cannot be made."""
-    return _config_estimate(json.dumps(model_spec.model_dump(mode="json"), sort_keys=True))
-
-
-def load_baseline(recipe: Any, device: torch.device) -> tuple[LoadedModel, QuantizeReport]:
-    """The recipe's baseline variant in this process: its model loaded and its weight format applied."""
-    weight = recipe.baseline_variant.weight
-    with stage(f"loading the baseline ({weight.label}) for its distributions"):
-        loaded = load_model(recipe.model, device, recipe.seed)
-        report = quantize_(loaded.model, weight, calibration_for(recipe, loaded) if weight.needs_calibration else None)
-    return loaded, report
-
-
-@lru_cache(maxsize=4)
-def _config_estimate(spec_json: str) -> Any | None:
-    from ..estimate import estimate_from_raw, read_raw_config
-    from ..models import ModelSpec
-
-    model_spec = ModelSpec.model_validate(json.loads(spec_json))
-    config = load_config(model_spec)
-    try:
-        raw, where = read_raw_config(model_location(model_spec))
-    except QuantlabError:
-        raw, where = config.to_dict(), "the loaded config"  # e.g. a GGUF file: the config transformers built from it
-    try:
-        return estimate_from_raw(raw, where, [], [], seq_len=1, dtype=model_dtype_name(model_spec, config),
-                                 dtype_source="the recipe's model.dtype, as loaded")
-    except Exception:  # noqa: BLE001 - the record then has no estimates; the measurements are unaffected
-        return None
-
-
-SHARED_WEIGHTS = "weights"  # run-folder subfolder: calibrated weight formats, solved once for all their variants
-
-
-def shared_weights_path(recipe: Any, variant: Any, device: torch.device, run_folder: Path | None) -> Path | None:
-    """Where the quantized model of ``variant``'s weight format is kept for the run's other variants that take
-    the same format (its other KV formats): only for formats that calibrate (a solve is never repeated), and
-    not for models placed across devices by accelerate. None: quantize in place, keep nothing."""
-    weight = variant.weight
-    if run_folder is None or not weight.needs_calibration or recipe.model.device_map:
-        return None
-    if sum(v.weight == weight for v in recipe.variants()) < 2:
-        return None
-    from ..quant.format import format_entry
-
-    key = json.dumps({"model": recipe.model.model_dump(mode="json"), "weight": format_entry(weight),
-                      "calibration": recipe.calibration.model_dump(mode="json"), "seed": recipe.seed,
-                      "device": device.type}, sort_keys=True)
-    return run_folder / SHARED_WEIGHTS / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
-
-
-def save_shared_weights(path: Path, model: torch.nn.Module, report: QuantizeReport, quantize_s: float,
-                        variant: str) -> bool:
-    """Keep a quantized model for the run's other variants (atomically); False when the model cannot be saved
-    (then each variant quantizes its own)."""
-    from ..files import atomic_write
-
-    try:
-        atomic_write(path, lambda tmp: torch.save({"model": model, "report": report, "quantize_s": quantize_s,
-                                                   "variant": variant}, tmp))
-        return True
-    except Exception as e:  # noqa: BLE001 - e.g. a kernel holding something that does not pickle
-        print(f"quantized weights not kept for reuse ({type(e).__name__}: {first_line(e)})", file=sys.stderr)
-        return False
-
-
-def load_shared_weights(path: Path, device: torch.device) -> dict[str, Any] | None:
-    """A quantized model an earlier variant of this run kept, or None (absent, or unreadable: quantize again)."""
-    if not path.is_file():
-        return None
-    try:
-        return torch.load(path, map_location=device, weights_only=False)  # written by this run folder's own runs
-    except Exception as e:  # noqa: BLE001
-        print(f"{path}: kept weights unreadable, quantizing again ({type(e).__name__}: {first_line(e)})",
-              file=sys.stderr)
-        return None
-
-
-def _relative(path: Path, folder: Path | None) -> str:
-    return str(path.relative_to(folder)) if folder is not None else str(path)
-
-
-@dataclass
-class VariantContext:
-    """One variant being measured in this process."""
-
-    recipe: Any
-    variant: Any
+    recipe: Any  # the recipe (its workload and evaluations)
+    variant: Any  # the variant: its weight and KV formats, its engine and label
     device: torch.device
-    run_folder: Path | None = None  # where run-wide intermediates live (the baseline's distributions)
-    loaded: LoadedModel | None = None
-    quantize_report: QuantizeReport | None = None
-    quantize_s: float = 0.0
-    rss_before_load_bytes: int = 0
-    weights_source: dict[str, Any] = field(default_factory=dict)  # quantized here, or reused from the run folder
-    _generations: dict[tuple[int, int], DecodeResult] = field(default_factory=dict)
-    _served: Any = None  # engine: llama.cpp: the variant's file held by llama.cpp (LlamaCppVariant)
+    run_folder: Path | None  # where run-wide intermediates live (the baseline's distributions)
+    quantize_report: Any  # what quantizing did, module by module
+    quantize_s: float
+    weights_source: dict[str, Any]  # quantized here, or reused from the run folder
+    rss_before_load_bytes: int
 
     @property
-    def model(self) -> torch.nn.Module:
-        assert self.loaded is not None, "load_and_quantize() first"
-        return self.loaded.model
+    def model(self) -> torch.nn.Module: ...
 
-    def load_and_quantize(self) -> None:
-        self.rss_before_load_bytes = rss_bytes()
-        start = time.perf_counter()
-        path = shared_weights_path(self.recipe, self.variant, self.device, self.run_folder)
-        saved = load_shared_weights(path, self.device) if path is not None else None
-        if saved is not None:  # another variant of this run solved the same weight format: reuse it, no base load
-            spec = self.recipe.model
-            self.loaded = LoadedModel(saved["model"], load_tokenizer(spec), model_location(spec))
-            self.quantize_report = saved["report"]
-            self.quantize_s = round(time.perf_counter() - start, 3)
-            self.weights_source = {"reused": _relative(path, self.run_folder), "quantize_s": saved["quantize_s"],
-                                   "by_variant": saved["variant"]}
-            return
-        with stage(f"loading the model ({self.recipe.model.label})"):
-            self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
-        weight = self.variant.weight
-        calibration = calibration_for(self.recipe, self.loaded) if weight.needs_calibration else None
-        with stage(f"quantizing as {weight.label}"):
-            self.quantize_report = quantize_(self.loaded.model, weight, calibration)
-        self.quantize_s = round(time.perf_counter() - start, 3)
-        self.weights_source = {"quantized": "here"}
-        if path is not None and save_shared_weights(path, self.loaded.model, self.quantize_report, self.quantize_s,
-                                                    self.variant.label):
-            self.weights_source["saved"] = _relative(path, self.run_folder)
-
-    def generation(self, batch_size: int, prompt_tokens: int) -> DecodeResult:
-        """The timed generation at one (batch, prompt) point, run once and shared by the point measurements."""
-        key = (batch_size, prompt_tokens)
-        if key not in self._generations:
-            w = self.recipe.workload
-            kwargs = dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=w.new_tokens,
-                          warmup_runs=w.warmup_runs, prefill_repeats=w.prefill_repeats, seed=self.recipe.seed)
-            served = self.served()
-            self._generations[key] = (served.decode(self.model.config, **kwargs) if served is not None else
-                                      measure_decode(self.model, self.variant.kv, device=self.device,
-                                                     engine=self.variant.engine, **kwargs))
-        return self._generations[key]
-
-    def served(self) -> Any | None:
-        """The variant as an engine outside this process serves it (``engine: llama.cpp``: its GGUF export held by
-        llama.cpp, started on first use), or None: quantlab's own engines measure the model here."""
-        if self.variant.engine != LLAMA_CPP:
-            return None
-        if self._served is None:
-            self._served = serve_in_llama_cpp(self)
-        return self._served
+    @property
+    def tokenizer(self) -> Any | None: ...
 
     @property
     def scoring_model(self) -> Any:
-        """What the quality evaluations run: the model, or llama.cpp's logits for the variant's file."""
-        served = self.served()
-        return self.model if served is None else served.lm
-
-    def close(self) -> None:
-        """End what the measurements started outside this process (llama.cpp's child)."""
-        if self._served is not None:
-            self._served.close()
-            self._served = None
+        """What quality evaluations score: the model, or an engine's logits of the same windows."""
 
     @property
     def estimate(self) -> Any | None:
-        return config_estimate(self.recipe.model)
+        """``quantlab estimate`` of the recipe's model from its config."""
+
+    def generation(self, batch_size: int, prompt_tokens: int) -> Any:
+        """The timed generation at one decode point (run once, shared by the point measurements)."""
+
+    def served(self) -> Any | None:
+        """The variant as an engine outside this process serves it, or None (measured here)."""
+
+    def baseline_model(self) -> torch.nn.Module:
+        """The recipe's baseline model (this variant's own model when it is the baseline)."""

@@ -18,7 +18,6 @@ from ..eval.tokens import scored_text, token_ids_sha256
 from ..fidelity.divergence import Reference, compare, reference
 from ..files import atomic_write
 from .base import Column, Measurement, Result, register
-from .context import load_baseline
 
 _IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
 
@@ -85,13 +84,12 @@ class Divergence(Measurement):
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec, window, max_tokens = _spec(ctx.recipe)
-        ids, text = scored_text(ctx.recipe.evaluations.perplexity.text, ctx.loaded.tokenizer, max_tokens)
+        ids, text = scored_text(ctx.recipe.evaluations.perplexity.text, ctx.tokenizer, max_tokens)
         key = _reference_key(ctx.recipe, ids)
         path = ctx.run_folder / "baselines" / f"{key}.pt" if ctx.run_folder is not None else None
-        is_baseline = ctx.variant.label == ctx.recipe.baseline_label
         ref = _load(path, key)
         if ref is None:
-            model = ctx.model if is_baseline else load_baseline(ctx.recipe, ctx.device)[0].model
+            model = ctx.baseline_model()
             ref = reference(model, ids, window, spec.batch_size, ctx.device, spec.top_k)
             _store(path, key, ref)
             del model

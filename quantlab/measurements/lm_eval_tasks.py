@@ -31,7 +31,7 @@ class LMEvalTasks(Measurement):
         return bool(recipe.evaluations.lm_eval_tasks)
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
-        flat = lm_eval_tasks(ctx.model, ctx.loaded.tokenizer, ctx.recipe.evaluations.lm_eval_tasks, device=ctx.device)
+        flat = lm_eval_tasks(ctx.model, ctx.tokenizer, ctx.recipe.evaluations.lm_eval_tasks, device=ctx.device)
         tasks = []
         for t in flat["lm_eval_tasks"]:
             prefix = f"lm_eval_{t['task']}_"

@@ -37,8 +37,8 @@ class Perplexity(Measurement):
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec = ctx.recipe.evaluations.perplexity
-        ids, text = scored_text(spec.text, ctx.loaded.tokenizer, spec.max_tokens)
-        return PerplexityResult(**spec.run(ctx.scoring_model, ctx.loaded.tokenizer, ids, text, ctx.variant.kv,
+        ids, text = scored_text(spec.text, ctx.tokenizer, spec.max_tokens)
+        return PerplexityResult(**spec.run(ctx.scoring_model, ctx.tokenizer, ids, text, ctx.variant.kv,
                                            ctx.device))
 
     def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:

@@ -36,10 +36,10 @@ def export_measured(ctx: Any, targets: list[str]) -> list[dict[str, Any]]:
 def export_from_run(run_dir: Path, label: str, to: str, out: Path) -> Any:
     """Export variant ``label`` (or the first variant of weight format ``label``) of the run in ``run_dir``."""
     from ..engine.device import resolve_device
-    from ..measurements import VariantContext
     from ..quant.io import EXPORTERS, export_
     from ..quant.io.export import weights_digest
     from ..records.folder import RunFolder
+    from .lifecycle import VariantContext
     from .recipe import validate_recipe
 
     manifest_path = run_dir / "manifest.json"

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ..errors import QuantlabError, RecipeError
+from ..estimate.model import config_estimate
 from ..files import MANIFEST_FILE, atomic_write_text
 from ..measurements import enabled_measurements
-from ..measurements.context import config_estimate
 from ..models import gguf_tensor_types, load_config, weight_files_problem
 from ..records.fingerprint import describe, machine_fingerprint
 from ..records.folder import RunFolder
@@ -190,7 +190,7 @@ def _drop_shared_weights(out_dir: Path, log: Log) -> None:
     """Every variant is recorded: the quantized weights kept for reuse between them go (they can be large)."""
     import shutil
 
-    from ..measurements.context import SHARED_WEIGHTS
+    from .lifecycle import SHARED_WEIGHTS
 
     kept = out_dir / SHARED_WEIGHTS
     if kept.is_dir():

@@ -84,10 +84,10 @@ def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granu
     from ..data import token_ids_sha256
     from ..dtypes import DTYPES
     from ..engine.device import resolve_device
-    from ..measurements.context import calibration_for, load_baseline
     from ..models import load_config, model_dtype_name
     from ..quant.apply import select_linears
     from ..quant.mixed.sensitivity import scan, scan_samples
+    from .lifecycle import calibration_for, load_baseline
 
     baseline = recipe.baseline_variant.weight
     base = DTYPES[model_dtype_name(recipe.model, load_config(recipe.model))]  # the dtype the model loads in

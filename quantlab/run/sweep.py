@@ -179,7 +179,7 @@ class Sweep:
     def solving_elsewhere(self, variant: Variant) -> Claim | None:
         """The live claim of another variant with the same calibrated weights while those weights are not yet kept
         in the run folder: it is solving them, and ``variant`` will load them instead of solving its own."""
-        from ..measurements.context import shared_weights_path
+        from .lifecycle import shared_weights_path
 
         device = resolve_device(self.recipe.device)
         path = shared_weights_path(self.recipe, variant, device, self.folder.path)

@@ -12,11 +12,12 @@ from ..engine.bandwidth import BANDWIDTH_METHOD
 from ..engine.device import describe_device, resolve_device
 from ..environment import environment
 from ..errors import QuantlabError, first_line
-from ..measurements import VariantContext, enabled_measurements
+from ..measurements import enabled_measurements
 from ..progress import progress
 from ..records.claims import owner
 from ..records.fingerprint import fingerprint_id, machine_fingerprint
 from ..records.folder import RECORD_VERSION, now_iso
+from .lifecycle import VariantContext
 from .recipe import Recipe, Variant
 
 

@@ -448,7 +448,7 @@ def test_two_concurrent_runs_share_the_variants_and_measure_each_once(small_mode
 def test_a_calibrated_format_is_solved_once_for_all_its_kv_formats(tmp_path: Path) -> None:
     """GPTQ paired with two KV formats: the first variant solves and keeps the model in the run folder, the second
     (another worker process) loads it; the weights are the same, and the kept copy goes when the run completes."""
-    from quantlab.measurements.context import shared_weights_path
+    from quantlab.run.lifecycle import shared_weights_path
 
     spec = {"name": "solve-once", "model": {"bundled": "tiny-stdlib-llama"},
             "weights": [{"format": "gptq", "bits": 4, "group_size": 128}],

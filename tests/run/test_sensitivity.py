@@ -95,8 +95,8 @@ def test_an_interrupted_sweep_resumes_from_its_rows_and_several_formats_share_on
 def test_the_table_feeds_a_mixed_format(tmp_path: Path) -> None:
     from quantlab import quantize_
     from quantlab.extend import WEIGHT_FORMATS
-    from quantlab.measurements.context import calibration_for
     from quantlab.models import load_model
+    from quantlab.run.lifecycle import calibration_for
 
     out = tmp_path / "out"
     assert main(["sensitivity", str(_recipe(tmp_path)), "--granularity", "layer", "--max-tokens", "128",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from quantlab.measurements.context import shared_weights_path
 from quantlab.records.claims import Claims
 from quantlab.records.folder import RunFolder
+from quantlab.run.lifecycle import shared_weights_path
 from quantlab.run.recipe import validate_recipe
 from quantlab.run.runner import run_recipe
 from quantlab.run.sweep import Sweep, noisy_earlier
