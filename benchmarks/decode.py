@@ -24,10 +24,11 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PretrainedConfig
 
 from quantlab import quantize_
+from quantlab.engine import DecodeResult
 from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
-from quantlab.engine.decode import DecodeResult, measure_decode
 from quantlab.engine.device import resolve_device
 from quantlab.engine.memory import decode_weight_bytes_read
+from quantlab.engine.torch.decode import measure_decode
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.kv import KV_FORMATS
 from quantlab.measurements.roofline import Roofline

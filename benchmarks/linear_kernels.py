@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from quantlab import UnsupportedError, quantize_tensor
-from quantlab.engine.compiled import compiled_step, fused_row_linears
 from quantlab.engine.device import resolve_device, timed_ms
+from quantlab.engine.torch.compiled import compiled_step, fused_row_linears
 from quantlab.quant.kernels.base import KERNELS, Kernel, choose_kernel
 
 CASES = [("int8-pc", 8, None), ("int4-g128", 4, 128), ("int4-g32", 4, 32), ("int3-g128", 3, 128), ("int2-g64", 2, 64)]

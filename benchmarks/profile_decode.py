@@ -6,7 +6,7 @@
 Builds the shape from its published configuration, applies the format, prefills a prompt (128 tokens by default)
 through the KV format's cache (``--kv``: the names of decode.py's KV table), warms the
 engine up (compilation included), then profiles ``--steps`` decode steps of the engine's own loop
-(``quantlab.engine.decode.Generation``). Prints the median step (ms) and the operators by self time, so the
+(``quantlab.engine.torch.decode.Generation``). Prints the median step (ms) and the operators by self time, so the
 shares of the quantized matmuls, the output head, attention, the compiled graph's own kernels and dynamo's guard
 checks can be read off. The compiled engine's CPU settings can be undone to see what each saves:
 ``--attention sdpa`` or ``eager`` (the fused SDPA kernel, or transformers' matmuls with ``repeat_kv``, instead of
@@ -25,8 +25,8 @@ import torch
 from decode import FORMATS, KV, SHAPES, build, shape_config
 from torch.profiler import ProfilerActivity, profile
 
-from quantlab.engine import compiled
-from quantlab.engine import decode as latency
+from quantlab.engine.torch import compiled
+from quantlab.engine.torch import decode as latency
 from quantlab.kv import KV_FORMATS
 
 

@@ -45,10 +45,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantlab.engine.llama_cpp import CACHE_TYPES, LlamaCppProcess, gguf_tensor_bytes
-from quantlab.engine.llama_cpp import INSTALL as LLAMA_CPP_INSTALL
-from quantlab.engine.llama_cpp import available as llama_cpp_available
-from quantlab.engine.llama_cpp import kv_cache_bytes as llama_kv_cache_bytes
+from quantlab.engine.llama_cpp.process import CACHE_TYPES, LlamaCppProcess, gguf_tensor_bytes
+from quantlab.engine.llama_cpp.process import INSTALL as LLAMA_CPP_INSTALL
+from quantlab.engine.llama_cpp.process import available as llama_cpp_available
+from quantlab.engine.llama_cpp.process import kv_cache_bytes as llama_kv_cache_bytes
 from quantlab.quant.io.gguf import GGUF_FILE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -162,7 +162,7 @@ def _kv_format(name: str) -> Any:
 
 
 def _engine(model: Any, kv: str, args: argparse.Namespace, device: Any) -> Any:
-    from quantlab.engine.decode import DecodeEngine
+    from quantlab.engine.torch.decode import DecodeEngine
 
     return DecodeEngine(model, _kv_format(kv), device, args.engine, args.prompt_tokens + args.new_tokens)
 
@@ -223,7 +223,7 @@ def row(args: argparse.Namespace, prefills: list[float], steps_ms: list[float], 
         bandwidth: float) -> dict[str, Any]:
     """One system's figures as a results row: the decode record (median, p10, p90 over every round's steps) and
     the roofline share derived from it as the runner derives it (weights + the KV cache at the mean length)."""
-    from quantlab.engine.decode import DecodeResult
+    from quantlab.engine import DecodeResult
     from quantlab.measurements.roofline import Roofline
 
     tokens = args.prompt_tokens + args.new_tokens

@@ -1,5 +1,5 @@
-"""Extension points: the registries a new weight format, KV format, kernel, measurement, perplexity protocol or
-executor registers with, the base classes it subclasses, and the run folder that records are read from.
+"""Extension points: the registries a new weight format, KV format, kernel, engine, measurement, perplexity
+protocol or executor registers with, the base classes it subclasses, and the run folder that records are read from.
 
 Each registry names what it holds and lists the known names on a miss; a registered class is found by the
 recipe, the runner, the reports and the CLI without any of them naming it (README: "Adding a ...")."""
@@ -19,6 +19,8 @@ _LAZY = {
     "PERPLEXITY_PROTOCOLS": "quantlab.eval.perplexity:PERPLEXITY_PROTOCOLS",
     "PerplexityProtocol": "quantlab.eval.perplexity:PerplexityProtocol",
     "EXECUTORS": "quantlab.run.executors:EXECUTORS", "Sweep": "quantlab.run.sweep:Sweep",
+    "ENGINES": "quantlab.engine:ENGINES", "Engine": "quantlab.engine:Engine",
+    "DecodeResult": "quantlab.engine:DecodeResult",
     "RunFolder": "quantlab.records.folder:RunFolder",
 }
 

@@ -10,7 +10,7 @@ BUNDLED = Path(__file__).resolve().parents[1] / "quantlab" / "bundled" / "tiny-s
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from quantlab.engine import llama_cpp
+    from quantlab.engine.llama_cpp import process as llama_cpp
 
     skips = {"gpu": None if torch.cuda.is_available() else "needs a CUDA device",
              "llama_cpp": None if llama_cpp.available() else llama_cpp.INSTALL}

@@ -91,13 +91,13 @@ def test_export_refusals_the_record_decides_come_before_the_model_loads(
     import json
 
     from quantlab import load_recipe
-    from quantlab.measurements import context
+    from quantlab.run import lifecycle
 
     recipe = load_recipe(_recipe(tmp_path, weights=["fp32", "int8", "nf4"]))
     run = tmp_path / "run"
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps({"recipe": recipe.to_spec()}))
-    monkeypatch.setattr(context, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(lifecycle, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     _refused(["export", str(run), "--variant", "int8-pc-asym", "--to", "gguf", "--out", str(tmp_path / "x")], capsys,
              "int8-pc-asym: weight format int8-pc-asym cannot be written as gguf",
              "its numbers export to: gptq, compressed-tensors", "formats that export to gguf:", "int4")

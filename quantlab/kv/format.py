@@ -47,10 +47,6 @@ class KVFormat(BaseModel):
                                         f"{positions}")
         return None
 
-    def llama_cpp_cache_type(self) -> str | None:
-        """llama.cpp's K/V cache type holding this format's values (``engine: llama.cpp``), or None: none does."""
-        return None
-
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         """A fresh, empty cache for one generation with a model of this config; with ``max_cache_len``,
         a static one of that length (for compiled decoding)."""

@@ -18,9 +18,6 @@ class NativeKV(KVFormat):
     def label(self) -> str:
         return "native"
 
-    def llama_cpp_cache_type(self) -> str:
-        return "f16"  # llama.cpp's own default
-
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         if max_cache_len is not None:
             from transformers import Cache

@@ -104,9 +104,6 @@ class KVCast(PackedKVFormat):
     def label(self) -> str:
         return SHORT[self.dtype]
 
-    def llama_cpp_cache_type(self) -> str | None:
-        return {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}.get(self.dtype)
-
     def codecs(self) -> tuple[Codec, Codec, int]:
         from .packed import Codec
 

@@ -105,9 +105,12 @@ class Measurement:
 MEASUREMENTS: Registry[Measurement] = Registry("measurement")
 
 
-def rows_on_engine(rows: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
-    """The measured rows whose decode ran on ``engine`` (for a provenance sentence about them)."""
-    return [r for r in rows if r.get("engine") == engine and r.get("status") == "ok"]
+def engine_notes(rows: list[dict[str, Any]], figure: str) -> str:
+    """What each engine that measured some of ``rows`` says of how it obtained ``figure`` (latency, weights)."""
+    from ..engine import ENGINES
+
+    names = dict.fromkeys(str(r.get("engine")) for r in rows if r.get("status") == "ok" and r.get("engine"))
+    return "".join(ENGINES[n].build().note(rows, figure) for n in names if n in ENGINES)  # type: ignore[arg-type]
 
 
 def check_columns(name: str, cls: type[Measurement]) -> None:

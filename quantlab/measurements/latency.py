@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.llama_cpp import ENGINE as LLAMA_CPP
-from .base import Column, Measurement, Result, register, rows_on_engine
+from .base import Column, Measurement, Result, engine_notes, register
 
 
 class DecodeLatency(Result):
@@ -47,18 +46,4 @@ class Latency(Measurement):
                 f"{row.get('prompt_tokens')} tokens in the main table, {w.get('new_tokens')} decode steps after "
                 f"{w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "
                 "decode ms/token is the median step (p10–p90 beside it); the device is synchronized around every timed "
-                "step. tokens/s = batch × 1000 / median step." + _served_rows(rows))
-
-
-def _served_rows(rows: list[dict[str, Any]]) -> str:
-    """The sentence on rows measured by llama.cpp (``engine: llama.cpp``), empty when there are none."""
-    served = rows_on_engine(rows, LLAMA_CPP)
-    if not served:
-        return ""
-    options = served[0].get("engine_options") or {}
-    return (f" Rows on engine llama.cpp ({', '.join(r['variant'] for r in served)}): the variant's GGUF export "
-            f"(exports/<variant>/gguf) run by llama.cpp (llama-cpp-python {options.get('llama_cpp_python', '—')}, "
-            f"{options.get('threads', '—')} threads, KV cache {options.get('cache_type', '—')}) in a process of its "
-            "own, the same prompt and warm-up, each step timed alone there; their perplexity and divergence are "
-            "llama.cpp's logits on the same windows, against the same baseline; their KV bytes are the cache type's "
-            "formula and their peak that process's resident peak.")
+                "step. tokens/s = batch × 1000 / median step." + engine_notes(rows, "latency"))

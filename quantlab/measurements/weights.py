@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.llama_cpp import ENGINE as LLAMA_CPP
 from ..engine.memory import (
     decode_weight_bytes_read,
     weight_bytes_analytic,
     weight_bytes_by_component,
     weight_bytes_by_device,
 )
-from .base import MIB, Column, Measurement, Result, register, rows_on_engine
+from .base import MIB, Column, Measurement, Result, engine_notes, register
 
 
 class WeightBytes(Result):
@@ -88,7 +87,6 @@ class Weights(Measurement):
             **_placement(model))
 
     def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
-        served = [r["variant"] for r in rows_on_engine(rows, LLAMA_CPP)]
         return ("measured: bytes of every parameter and buffer the model holds after quantization (packed codes, "
                 "scales and zero points included; tied tensors counted once). **analytic**: the same total from each "
                 "format's bits, group size and metadata, layer by layer on the quantized model. **config estimate**: "
@@ -97,5 +95,4 @@ class Weights(Measurement):
                 + (f" Placed by accelerate's device map ({_places(row['device_map'])}); held per device: "
                    f"{', '.join(f'{k} {v / 2**20:.1f} MiB' for k, v in (row.get('weight_bytes_by_device') or {}).items())}."
                    if row.get("device_map") else "")
-                + (f" Rows measured by llama.cpp ({', '.join(served)}): the tensor bytes of the GGUF file it ran, every "
-                   "one read by a step (a tied embedding is the output matrix)." if served else ""))
+                + engine_notes(rows, "weights"))

@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from ..data import load_text
-from ..engine.decode import DecodeResult, measure_decode
-from ..engine.llama_cpp import ENGINE as LLAMA_CPP
+from ..engine import DecodeResult, engine
 from ..engine.memory import rss_bytes
 from ..errors import first_line
 from ..estimate.model import config_estimate
@@ -23,33 +22,12 @@ from ..models import (
     load_model,
     load_tokenizer,
     model_location,
-    model_source,
 )
 from ..progress import stage
 from ..quant import quantize_
 from ..quant.apply import QuantizeReport
 from ..quant.calibrate.samples import calibration_from_text
 from ..quant.format import Calibration
-
-
-def serve_in_llama_cpp(ctx: "VariantContext") -> Any:
-    """Export the variant's measured model to GGUF (the run folder's ``exports/<label>/gguf``, else a temporary
-    folder) and load the file in llama.cpp, with the KV format's cache type and room for the longest point."""
-    import tempfile
-
-    from ..engine.llama_cpp_engine import LlamaCppVariant
-    from ..files import export_folder
-    from ..quant.io import export_
-    from ..quant.io.gguf import GGUF_FILE
-
-    folder = (export_folder(ctx.run_folder, ctx.variant.label, "gguf") if ctx.run_folder is not None
-              else Path(tempfile.mkdtemp(prefix="quantlab-llama-cpp-")))
-    with stage("exporting the variant to GGUF for llama.cpp"):
-        export_(ctx.model, "gguf", folder, tokenizer=ctx.loaded.tokenizer, source=model_source(ctx.recipe.model))
-    w = ctx.recipe.workload
-    n_ctx = max(p for _, p in w.points()) + w.new_tokens
-    with stage("starting llama.cpp on the exported file"):
-        return LlamaCppVariant(folder / GGUF_FILE, ctx.variant.kv, torch.get_num_threads(), n_ctx)
 
 
 def calibration_for(recipe: Any, loaded: LoadedModel) -> Calibration:
@@ -177,17 +155,18 @@ class VariantContext:
                           warmup_runs=w.warmup_runs, prefill_repeats=w.prefill_repeats, seed=self.recipe.seed)
             served = self.served()
             self._generations[key] = (served.decode(self.model.config, **kwargs) if served is not None else
-                                      measure_decode(self.model, self.variant.kv, device=self.device,
-                                                     engine=self.variant.engine, **kwargs))
+                                      engine(self.variant.engine).decode(self.model, self.variant.kv, self.device,
+                                                                         **kwargs))
         return self._generations[key]
 
     def served(self) -> Any | None:
-        """The variant as an engine outside this process serves it (``engine: llama.cpp``: its GGUF export held by
-        llama.cpp, started on first use), or None: quantlab's own engines measure the model here."""
-        if self.variant.engine != LLAMA_CPP:
+        """The variant as an engine outside this process serves it (e.g. ``llama.cpp``: its GGUF export held by
+        llama.cpp, started on first use), or None: an engine of this process measures the model here."""
+        chosen = engine(self.variant.engine)
+        if chosen.in_process:
             return None
         if self._served is None:
-            self._served = serve_in_llama_cpp(self)
+            self._served = chosen.serve(self)
         return self._served
 
     @property
@@ -197,7 +176,7 @@ class VariantContext:
         return self.model if served is None else served.lm
 
     def close(self) -> None:
-        """End what the measurements started outside this process (llama.cpp's child)."""
+        """End what the measurements started outside this process (an engine's child)."""
         if self._served is not None:
             self._served.close()
             self._served = None

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from ..data import BUILTIN_TEXTS, TextSource
-from ..engine.llama_cpp import ENGINE as LLAMA_CPP
+from ..engine import ENGINES
 from ..errors import QuantlabError, RecipeError, first_line
 from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol
 from ..eval.perplexity.base import DEFAULT_KV_PROTOCOL, DEFAULT_PROTOCOL
@@ -38,8 +38,7 @@ from ..validation import first_error, unknown_field_message
 
 DEFAULT_KV_FORMAT = "native"  # the cache a recipe without kv_cache measures: transformers' own
 
-EngineName = Literal["auto", "eager", "compiled", "llama.cpp"]
-LLAMA_CPP_PROTOCOLS = ("windows", "sliding")  # whole windows, scored from llama.cpp's logits
+EngineName = Annotated[str, Field(description="a registered engine (quantlab formats lists them)")]
 PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
 
 
@@ -52,9 +51,20 @@ class Workload(Strict):
     warmup_runs: int = Field(1, ge=0, description="untimed generations before timing")
     prefill_repeats: int = Field(3, ge=1, description="timed prefills; the median is reported")
     engine: EngineName | Annotated[list[EngineName], Field(min_length=1)] = Field(
-        "auto", description="auto: compiled where the model and KV format capture, eager otherwise (the reason "
-                            "recorded); compiled: static cache + torch.compile; eager: no compilation; llama.cpp: the "
-                            "variant's GGUF export in llama.cpp's own process; a list: every variant on each engine")
+        "auto", description="a registered engine, or a list of them (every variant measured on each): auto (compiled "
+                            "where the model and KV format capture, eager otherwise, the reason recorded), compiled "
+                            "(static cache + torch.compile), eager (no compilation), llama.cpp (the variant's GGUF "
+                            "export in llama.cpp's own process); quantlab formats lists them")
+
+    @field_validator("engine")
+    @classmethod
+    def _registered(cls, v: Any) -> Any:
+        for name in v if isinstance(v, list) else [v]:
+            try:
+                ENGINES[name]
+            except QuantlabError as e:  # an unknown name: the registry's one line, with the known ones
+                raise ValueError(str(e)) from None
+        return v
 
     @field_validator("batch_size", "prompt_tokens", mode="before")
     @classmethod
@@ -265,31 +275,14 @@ class Recipe(Strict):
                 if self.variant_named(name) is None:
                     raise ValueError(f"export[{i}].variants: '{name}' is no variant or weight-format label (labels: "
                                      f"{', '.join(labels)})")
-        if LLAMA_CPP in self.workload.engines:
-            self._check_llama_cpp()
+        for name in self.workload.engines:
+            refusal = ENGINES[name].build().refuse(self)
+            if refusal is not None:
+                field, why = refusal
+                raise ValueError(f"{field}: {why} (workload.engine: {name})")
         if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
             raise ValueError("evaluations need trained weights; a synthetic model has random ones")
         return self
-
-    def _check_llama_cpp(self) -> None:
-        """What ``engine: llama.cpp`` cannot measure, refused before anything runs."""
-        w, e = self.workload, self.evaluations
-        batches = w.batch_size if isinstance(w.batch_size, list) else [w.batch_size]
-        if any(b != 1 for b in batches):
-            raise ValueError("workload.engine: llama.cpp decodes one sequence; workload.batch_size must be 1")
-        for i, kv in enumerate(self.kv_cache):
-            if kv.llama_cpp_cache_type() is None:
-                raise ValueError(f"workload.engine: llama.cpp has no cache type for kv_cache[{i}] ({kv.label}); "
-                                 "allowed: native, fp16, bf16, fp32 (or measure it in a recipe of its own)")
-        if e.perplexity is not None and e.perplexity.name not in LLAMA_CPP_PROTOCOLS:
-            raise ValueError(f"workload.engine: llama.cpp scores perplexity protocols {', '.join(LLAMA_CPP_PROTOCOLS)}, "
-                             f"not {e.perplexity.name}")
-        if e.lm_eval_tasks:
-            raise ValueError("workload.engine: llama.cpp does not run evaluations.lm_eval_tasks; remove them or "
-                             "measure llama.cpp in a recipe of its own")
-        if self.baseline_variant.engine == LLAMA_CPP:
-            raise ValueError("baseline: the variants are compared with a baseline quantlab measures; list another "
-                             "engine first in workload.engine, or name such a variant")
 
     def variants(self) -> list["Variant"]:
         multi_kv = len(self.kv_cache) > 1

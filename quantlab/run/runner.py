@@ -95,11 +95,13 @@ def check_against_model(recipe: Recipe) -> None:
 
 
 def _check_engines(recipe: Recipe) -> None:
-    """An engine outside this process (llama.cpp) must be installed before anything is measured."""
-    from ..engine.llama_cpp import ENGINE, INSTALL, available
+    """Every engine the workload names can run here (what an engine outside this process needs is installed)."""
+    from ..engine import ENGINES
 
-    if ENGINE in recipe.workload.engines and not available():
-        raise RecipeError(recipe.source, "workload.engine", f"{ENGINE}: {INSTALL}")
+    for name in recipe.workload.engines:
+        missing = ENGINES[name].build().missing()
+        if missing:
+            raise RecipeError(recipe.source, "workload.engine", f"{name}: {missing}")
 
 
 def _check_kv_positions(recipe: Recipe) -> None:

@@ -5,8 +5,8 @@ logits at every step."""
 import pytest
 import torch
 
-from quantlab.engine.attention import FUSED_NAME
-from quantlab.engine.compiled import attention_implementation
+from quantlab.engine.torch.attention import FUSED_NAME
+from quantlab.engine.torch.compiled import attention_implementation
 from quantlab.extend import KV_FORMATS
 from quantlab.kv import code_attention
 from quantlab.kv.packed import Codec
@@ -65,7 +65,7 @@ def tiny_model(arch: str) -> torch.nn.Module:
                                          ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3))])
 def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits(arch: str, name: str, fields: dict,
                                                                                  monkeypatch) -> None:
-    from quantlab.engine.decode import Generation
+    from quantlab.engine.torch.decode import Generation
 
     calls = []
     attend = code_attention.attend
@@ -92,7 +92,7 @@ def test_without_a_c_compiler_a_static_layer_keeps_the_expression_path(monkeypat
     monkeypatch.setattr(code_attention, "available", lambda: False)
     store = filled_store(Codec(bits=4, group_size=16), 1, 1, 8, 32)
     assert not code_attention.reads_codes(store)
-    from quantlab.engine.decode import Generation
+    from quantlab.engine.torch.decode import Generation
 
     model, kv = tiny_model("llama"), KV_FORMATS["int"].build(bits=4, group_size=16, residual_tokens=4)
     ids = torch.arange(1, 14).unsqueeze(0) * 5 % 128

@@ -4,7 +4,7 @@ per-channel blocks straddle its edge), bytes equal to the static formula, a seco
 import pytest
 import torch
 
-from quantlab.engine.decode import Generation
+from quantlab.engine.torch.decode import Generation
 from quantlab.errors import UnsupportedError
 from quantlab.extend import KV_FORMATS
 from quantlab.kv.packed import Codec

@@ -129,4 +129,9 @@ class CompressedTensorsExporter(Exporter):
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
                    "kv_cache_scheme": None, "version": compressed_tensors.__version__}
         result.files = write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
+        if any(not g["weights"]["symmetric"] and g["format"] == "pack-quantized" for g in groups.values()):
+            result.notes.append("asymmetric pack-quantized groups: transformers with compressed-tensors "
+                                f"{compressed_tensors.__version__} loads them with "
+                                "quantization_config=CompressedTensorsConfig(dequantize=True) (its compressed path "
+                                "expects unpacked zero points, llm-compressor#1618)")
         return result

@@ -56,6 +56,7 @@ class Int4Kernel(Kernel):
         super().__init__()
         self.shape, self.group, self.tail = q.shape, _int4_group(q), _int4_tail(q) or 0
         self.group_size, self.float_zero = q.group_size, isinstance(q, FloatZeroTensor)
+        self.symmetric = not self.float_zero and q.symmetric  # its zero point is 8 everywhere: stored() says so
         order = act_order_columns(q)
         codes = q.codes() if order is None else q.codes()[:, order.long()]
         sz = _int4_scales_and_zeros(q, self.group, dtype)
@@ -104,6 +105,8 @@ class Int4Kernel(Kernel):
             return FloatZeroTensor(pack(codes, 4), scale.to(sz.dtype), zero_points.to(sz.dtype), self.shape, 4,
                                    self.group_size)
         zeros = torch.round(zero_points).clamp(0, 15).to(torch.uint8)
+        if getattr(self, "symmetric", False) and bool((zeros == 8).all()):  # a symmetric tensor stays symmetric
+            return QuantizedTensor(pack(codes, 4), scale.to(sz.dtype), None, self.shape, 4, self.group_size, g_idx)
         return QuantizedTensor(pack(codes, 4), scale.to(sz.dtype), pack(zeros, 4), self.shape, 4, self.group_size, g_idx)
 
     def _unpack_codes(self, packed: torch.Tensor, width: int, group: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:

@@ -106,3 +106,45 @@ def test_codebooks_are_refused_naming_the_module(tmp_path: Path) -> None:
     quantize_(model, WEIGHT_FORMATS["nf4"].build())
     with pytest.raises(UnsupportedError, match=r"model\.layers\.0\.self_attn\.q_proj: CodebookTensor.*nearest"):
         export_(model, "compressed-tensors", tmp_path)
+
+
+@pytest.mark.parametrize("spec", [{"format": "int4", "group_size": 32}, {"format": "int8"},
+                                  {"format": "int4", "group_size": 32, "compute_dtype": "bfloat16"}])
+def test_asymmetric_folders_load_in_transformers_dequantized_to_the_measured_logits(spec: dict, tmp_path: Path) -> None:
+    """Asymmetric pack-quantized folders load through transformers' compressed-tensors path that dequantizes at load
+    (``CompressedTensorsConfig(dequantize=True)``): its compressed path initializes unpacked zero points on the
+    meta device (compressed-tensors 0.20.1's ``compress`` returns before packing them), a library bug."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    spec = dict(spec)
+    model = make_llama()
+    fmt = WEIGHT_FORMATS[spec.pop("format")].build(**spec)
+    quantize_(model, fmt)
+    result = export_(model, "compressed-tensors", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert [g["weights"]["symmetric"] for g in config["config_groups"].values()] == [False]
+    assert any("dequantize=True" in note for note in result.notes)
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype,
+                                                  quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+    measured, back = _logits(model), _logits(loaded)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 activations round the same sums differently
+    assert (back - measured).abs().max() <= tolerance * measured.abs().max()
+    assert (back.argmax(-1) == measured.argmax(-1)).float().mean() >= 0.99
+
+
+def test_a_symmetric_format_computed_in_bf16_is_written_symmetric_and_loads(tmp_path: Path) -> None:
+    """torch's int4 CPU kernel holds a zero point for every group; a symmetric tensor's (8 everywhere) is written
+    as none, so the folder says symmetric and loads through the compressed path."""
+    from transformers import AutoModelForCausalLM
+
+    model = make_llama()
+    quantize_(model, WEIGHT_FORMATS["int4"].build(group_size=32, symmetric=True, compute_dtype="bfloat16"))
+    assert model.model.layers[0].mlp.down_proj.kernel_path == "int4pack_mm_cpu"
+    export_(model, "compressed-tensors", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert [g["weights"]["symmetric"] for g in config["config_groups"].values()] == [True]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    measured, back = _logits(model), _logits(loaded)
+    assert (back.argmax(-1) == measured.argmax(-1)).float().mean() >= 0.99
+    assert (back - measured).abs().max() <= 2e-2 * measured.abs().max()

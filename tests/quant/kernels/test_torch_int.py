@@ -165,7 +165,7 @@ def test_dequantize_kernel_in_row_blocks_on_cpu_matches_the_whole_weight(bits, g
 @pytest.mark.slow
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_compiled_one_row_int8_on_cpu_fuses_the_codes_and_agrees_with_torchs_kernel(symmetric: bool) -> None:
-    from quantlab.engine.compiled import fused_row_linears
+    from quantlab.engine.torch.compiled import fused_row_linears
 
     q = quantize_tensor(_weight(), 8, None, symmetric)
     kernel = Int8Kernel(q, torch.bfloat16)

@@ -25,20 +25,64 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UnsupportedError
-from .decode import DecodeResult, prompt_ids
-from .llama_cpp import ENGINE as NAME
-from .llama_cpp import LlamaCppProcess, gguf_weight_components, kv_cache_bytes, uses_flash_attention
-from .machine_load import watch_machine
+from ...errors import UnsupportedError
+from ..base import DecodeResult, Figure, prompt_ids
+from ..machine_load import watch_machine
+from . import NAME
+from .process import FLOAT_CACHE_TYPES, LlamaCppProcess, gguf_weight_components, kv_cache_bytes, uses_flash_attention
 
 
-def cache_type_for(kv: Any) -> str:
-    """llama.cpp's cache type for a KV format, or an error saying which formats have one."""
-    cache_type = kv.llama_cpp_cache_type()
+def attention_rotation(cache_type: str) -> str:
+    """What llama.cpp does to keys and values before it stores them in ``cache_type``, as its rows record it."""
+    import os
+
+    if cache_type in FLOAT_CACHE_TYPES:
+        return "none (a float cache; llama.cpp rotates only quantized K/V caches)"
+    if os.environ.get("LLAMA_ATTN_ROT_DISABLE"):
+        return "none (LLAMA_ATTN_ROT_DISABLE is set)"
+    return ("Walsh-Hadamard on keys and values of heads whose size is a multiple of 64 (llama.cpp's default for "
+            "quantized caches; LLAMA_ATTN_ROT_DISABLE=1 turns it off)")
+
+
+def serve(ctx: Any, cache_type: str | None) -> "LlamaCppVariant":
+    """Export the variant's measured model to GGUF (the run folder's ``exports/<label>/gguf``, else a temporary
+    folder) and load the file in llama.cpp, with the KV format's cache type and room for the longest point."""
+    from ...files import export_folder
+    from ...models import model_source
+    from ...progress import stage
+    from ...quant.io import export_
+    from ...quant.io.gguf import GGUF_FILE
+
     if cache_type is None:
-        raise UnsupportedError(f"engine {NAME}: KV format {kv.label} has no llama.cpp cache type (native, fp16, bf16 "
-                               "and fp32 do)")
-    return cache_type
+        raise UnsupportedError(f"engine {NAME}: KV format {ctx.variant.kv.label} has no llama.cpp cache type (native, "
+                               "fp16, bf16 and fp32 do)")
+    folder = (export_folder(ctx.run_folder, ctx.variant.label, "gguf") if ctx.run_folder is not None
+              else Path(tempfile.mkdtemp(prefix="quantlab-llama-cpp-")))
+    with stage("exporting the variant to GGUF for llama.cpp"):
+        export_(ctx.model, "gguf", folder, tokenizer=ctx.tokenizer, source=model_source(ctx.recipe.model))
+    w = ctx.recipe.workload
+    n_ctx = max(p for _, p in w.points()) + w.new_tokens
+    with stage("starting llama.cpp on the exported file"):
+        return LlamaCppVariant(folder / GGUF_FILE, cache_type, torch.get_num_threads(), n_ctx)
+
+
+def note(rows: list[dict[str, Any]], figure: Figure) -> str:
+    """The sentence on the rows llama.cpp measured, for ``figure``'s provenance."""
+    served = [r for r in rows if r.get("engine") == NAME and r.get("status") == "ok"]
+    if not served:
+        return ""
+    names = ", ".join(r["variant"] for r in served)
+    if figure == "weights":
+        return (f" Rows measured by llama.cpp ({names}): the tensor bytes of the GGUF file it ran, every one read by "
+                "a decode step (a tied embedding is read whole as the output matrix).")
+    options = served[0].get("engine_options") or {}
+    return (f" Rows on engine llama.cpp ({names}): the variant's GGUF export "
+            f"(exports/<variant>/gguf) run by llama.cpp (llama-cpp-python {options.get('llama_cpp_python', '—')}, "
+            f"{options.get('threads', '—')} threads, KV cache {options.get('cache_type', '—')}, attention rotation "
+            f"{options.get('attention_rotation', 'not recorded')}) in a process of its own, the same prompt and "
+            "warm-up, each step timed alone there; their perplexity and divergence are llama.cpp's logits on the same "
+            "windows, against the same baseline; their KV bytes are the cache type's formula and their peak that "
+            "process's resident peak.")
 
 
 class LlamaCppLM(nn.Module):
@@ -67,9 +111,9 @@ class LlamaCppLM(nn.Module):
 class LlamaCppVariant:
     """One variant's GGUF file held by llama.cpp for its measurements (``close`` ends the child)."""
 
-    def __init__(self, gguf_path: Path, kv: Any, threads: int, n_ctx: int) -> None:
-        self.path, self.kv, self.threads = gguf_path, kv, threads
-        self.cache_type = cache_type_for(kv)
+    def __init__(self, gguf_path: Path, cache_type: str, threads: int, n_ctx: int) -> None:
+        self.path, self.threads = gguf_path, threads
+        self.cache_type = cache_type
         self.process = LlamaCppProcess(gguf_path, threads, cache_type=self.cache_type, n_ctx=n_ctx)
         self.lm = LlamaCppLM(self.process)
 
@@ -80,6 +124,7 @@ class LlamaCppVariant:
 
         return {"threads": self.threads, "cache_type": self.cache_type,
                 "flash_attention": uses_flash_attention(self.cache_type),
+                "attention_rotation": attention_rotation(self.cache_type),
                 "llama_cpp_python": llama_cpp.__version__, "gguf_file": self.path.name,
                 "kv_cache_bytes": "llama.cpp's cache type x the positions held (formula)"}
 

@@ -41,7 +41,7 @@ def test_every_variant_is_measured_on_each_engine_and_a_single_engine_keeps_its_
 
 @pytest.mark.parametrize("changes,field", [
     ({"workload": {**WORKLOAD, "batch_size": [1, 2], "engine": ["auto", "llama.cpp"]}}, "batch_size must be 1"),
-    ({"kv_cache": ["native", "int8"]}, "no cache type for kv_cache\\[1\\]"),
+    ({"kv_cache": ["native", "int8"]}, "kv_cache\\[1\\]: engine llama.cpp has no cache type for int8"),
     ({"evaluations": {"perplexity": {"protocol": "kv-chunked", "window_tokens": 256}}}, "not kv-chunked"),
     ({"evaluations": {"perplexity": {"window_tokens": 256}}, "baseline": "fp32@llama.cpp"}, "baseline"),
 ])
@@ -54,7 +54,7 @@ def test_what_llama_cpp_cannot_measure_is_refused_in_one_line(changes: dict, fie
 def test_the_childs_cpu_share_is_left_unknown_over_too_few_clock_ticks() -> None:
     import os
 
-    from quantlab.engine.llama_cpp import MIN_TICKS, LlamaCppProcess
+    from quantlab.engine.llama_cpp.process import MIN_TICKS, LlamaCppProcess
 
     short = (MIN_TICKS - 1) / os.sysconf("SC_CLK_TCK")  # /proc counts CPU time in ticks: a 0 would read as idle
     assert LlamaCppProcess.cpu_share(0.0, short, 2) is None
@@ -66,7 +66,7 @@ def test_a_llama_cpp_child_that_crashes_is_one_error_naming_the_signal() -> None
     import subprocess
     import sys
 
-    from quantlab.engine.llama_cpp import LlamaCppProcess
+    from quantlab.engine.llama_cpp.process import LlamaCppProcess
     from quantlab.errors import UnsupportedError
 
     crashed = LlamaCppProcess.__new__(LlamaCppProcess)
@@ -82,7 +82,7 @@ def test_a_llama_cpp_child_that_crashes_is_one_error_naming_the_signal() -> None
 
 @pytest.mark.llama_cpp
 def test_llama_cpp_rows_are_measured_from_the_exported_file_beside_quantlabs(tmp_path: Path) -> None:
-    from quantlab.engine.llama_cpp import LlamaCppProcess, gguf_tensor_bytes
+    from quantlab.engine.llama_cpp.process import LlamaCppProcess, gguf_tensor_bytes
     from quantlab.eval.tokens import scored_text
     from quantlab.kv import KV_FORMATS
     from quantlab.models import ModelSpec, load_config, load_tokenizer

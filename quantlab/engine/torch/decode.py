@@ -13,17 +13,20 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ..errors import UnsupportedError
-from ..kv import KVFormat
-from ..kv.code_attention import available as code_attention_available
-from ..kv.hf_compat import cache_kwarg
-from ..progress import stage
+from ...errors import UnsupportedError
+from ...kv import KVFormat
+from ...kv.code_attention import available as code_attention_available
+from ...kv.hf_compat import cache_kwarg
+from ...progress import stage
+from ..base import DecodeResult, prompt_ids
+from ..device import timed_ms
+from ..machine_load import watch_machine
+from ..memory import PeakMemory, cuda_devices_of
 from .attention import CACHE_KWARG, mark_code_attention
 from .compiled import (
     ATTENTION,
@@ -34,45 +37,8 @@ from .compiled import (
     fused_row_linears,
     inductor_options,
 )
-from .device import timed_ms
-from .machine_load import watch_machine
-from .memory import PeakMemory, cuda_devices_of
 
-
-@dataclass
-class DecodeResult:
-    prefill_ms: float
-    decode_ms: list[float] = field(repr=False)
-    memory: dict[str, Any] = field(default_factory=dict)
-
-    engine: str = "eager"
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    machine: dict[str, Any] = field(default_factory=dict)  # MachineLoad.record() of the timed decode
-
-    def record(self, batch_size: int) -> dict[str, Any]:
-        q = statistics.quantiles(self.decode_ms, n=10, method="inclusive")
-        median = statistics.median(self.decode_ms)
-        return {
-            "engine": self.engine,
-            "engine_options": self.engine_options,
-            "prefill_ms": round(self.prefill_ms, 4),
-            "decode_ms_per_token": round(median, 4),
-            "decode_ms_p10": round(q[0], 4),
-            "decode_ms_p90": round(q[-1], 4),
-            "decode_steps": len(self.decode_ms),
-            "decode_ms_samples": [round(t, 4) for t in self.decode_ms],
-            "tokens_per_s": round(batch_size * 1e3 / median, 3),
-            **self.machine,
-            **self.memory,
-        }
-
-
-def prompt_ids(vocab_size: int, batch_size: int, prompt_tokens: int, seed: int, device: torch.device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (batch_size, prompt_tokens), generator=g).to(device)
-
-
-ENGINES = ("eager", "compiled")
+MODES = ("eager", "compiled")  # the engines this module runs
 AUTO = "auto"  # compiled where the step captures, eager otherwise (measure_decode records why)
 
 
@@ -133,8 +99,8 @@ class DecodeEngine:
 
     def __init__(self, model: nn.Module, kv: KVFormat, device: torch.device, engine: str = "eager",
                  max_cache_len: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if engine not in ENGINES:  # "auto" is measure_decode's choice between them
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if engine not in MODES:  # "auto" is measure_decode's choice between them
+            raise ValueError(f"engine must be one of {MODES}, got {engine!r}")
         if engine == "compiled" and max_cache_len is None:
             raise ValueError("the compiled engine decodes over a static cache: give max_cache_len")
         self.model, self.kv, self.device, self.name = model, kv, device, engine

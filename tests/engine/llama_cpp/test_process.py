@@ -19,7 +19,7 @@ pytest.importorskip("gguf")
 
 from quantlab import export_, quantize_  # noqa: E402
 from quantlab.data import calibration_samples, load_text  # noqa: E402
-from quantlab.engine.llama_cpp import LlamaCppProcess  # noqa: E402
+from quantlab.engine.llama_cpp.process import LlamaCppProcess  # noqa: E402
 from quantlab.eval.tokens import tokenize  # noqa: E402
 from quantlab.paths import BUNDLED_DIR  # noqa: E402
 from quantlab.quant.format import Calibration, build_format  # noqa: E402

@@ -3,7 +3,7 @@ query heads, boolean, additive and skipped masks, softcapping."""
 import pytest
 import torch
 
-from quantlab.engine.attention import grouped_attention
+from quantlab.engine.torch.attention import grouped_attention
 
 
 class Module(torch.nn.Module):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..quant.kernels.base import fused_row_matmul, use_fused_row_matmul
+from ...quant.kernels.base import fused_row_matmul, use_fused_row_matmul
 from .attention import FUSED_NAME as FUSED_ATTENTION
 from .attention import NAME as ATTENTION
 from .attention import register as register_attention

@@ -62,7 +62,7 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                       **kwargs)
     layer = _code_layer(module, kwargs) if q == 1 else None
     if layer is not None:
-        from ..kv.code_attention import attend
+        from ...kv.code_attention import attend
 
         return attend(layer, query, attention_mask, scaling if scaling is not None else d ** -0.5, softcap), None
     g = hq // hkv

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from quantlab import quantize_
-from quantlab.engine import compiled
-from quantlab.engine import decode as latency
+from quantlab.engine.torch import compiled
+from quantlab.engine.torch import decode as latency
 from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
 
 CPU = torch.device("cpu")

@@ -24,13 +24,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ..errors import UnsupportedError
+from ...errors import UnsupportedError
 
 INSTALL = ('llama-cpp-python is not installed: pip install -e ".[bench]" builds it from source (minutes; '
            'CMAKE_ARGS="-DGGML_NATIVE=ON" tunes it to this CPU)')
-
-
-ENGINE = "llama.cpp"  # the recipe's engine name for variants measured here
 
 
 def available() -> bool:
@@ -53,14 +50,14 @@ def kv_cache_bytes(config: Any, tokens: int, cache_type: str) -> int:
     layers: their window), from the config (the native format's count of values)."""
     import torch
 
-    from ..kv.native import NativeKV
+    from ...kv.native import NativeKV
 
     values = NativeKV().cache_bytes_analytic(config, 1, tokens, torch.float32) // 4
     return int(values * CACHE_BYTES_PER_VALUE[cache_type])
 
 
 def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
-    """The child's loop (``python -m quantlab.engine.llama_cpp PATH THREADS CACHE_TYPE N_CTX``)."""
+    """The child's loop (``python -m quantlab.engine.llama_cpp.process PATH THREADS CACHE_TYPE N_CTX``)."""
     import llama_cpp
     from llama_cpp import Llama
 
@@ -146,7 +143,7 @@ class LlamaCppProcess:
         self.path = Path(path)
         self.threads = threads
         self.cache_type = cache_type
-        self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp", str(path), str(threads),
+        self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp.process", str(path), str(threads),
                                       cache_type, str(n_ctx)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read()

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from conftest import make_llama
-from quantlab.engine.decode import measure_decode
 from quantlab.engine.device import timed_ms
+from quantlab.engine.torch.decode import measure_decode
 from quantlab.extend import KV_FORMATS
 
 CPU = torch.device("cpu")
@@ -31,7 +31,7 @@ def test_decode_record_names_the_cache_it_used_and_keeps_every_step(kv, options:
 def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuilding_the_history(monkeypatch) -> None:
     # A decode row of a global layer goes through the C attention over the stored codes; no store is dequantized
     # (CodeStore.read) after the prefill, and the logits are those of the dynamic layers' dequantized history.
-    from quantlab.engine.decode import DecodeEngine, Generation
+    from quantlab.engine.torch.decode import DecodeEngine, Generation
     from quantlab.kv import code_attention
     from quantlab.kv.static import CodeStore
 
@@ -116,7 +116,7 @@ def test_auto_compiles_a_sliding_window_model_with_per_channel_keys() -> None:
 
 
 def test_auto_falls_back_to_eager_when_the_step_does_not_compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantlab.engine import decode
+    from quantlab.engine.torch import decode
 
     def refusing(*args, **kwargs):
         def step(*a, **k):
@@ -133,7 +133,7 @@ def test_auto_falls_back_to_eager_when_the_step_does_not_compile(monkeypatch: py
 
 def test_a_generation_longer_than_its_static_cache_is_refused_before_it_runs() -> None:
     """A compiled step would index past its cache buffers; the generation says so instead."""
-    from quantlab.engine.decode import Generation
+    from quantlab.engine.torch.decode import Generation
 
     model = make_llama()
     gen = Generation(model, KV_FORMATS["native"].build(), CPU, max_cache_len=12)

@@ -1,0 +1,67 @@
+"""``engine: llama.cpp``: a variant measured by llama.cpp itself (through llama-cpp-python, in a process of its own),
+from the GGUF file quantlab exports of it. ``process.py`` is the child and its protocol, ``engine.py`` what the
+measurements read of it (decode timing, window logits, the file's weight bytes). Everything the rest of quantlab
+needs to know of llama.cpp is asked of this engine: what it refuses in a recipe, how it names a KV format's cache,
+what it records."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from ..base import ENGINES, Engine, Figure, Served
+from .process import INSTALL
+
+NAME = "llama.cpp"
+PROTOCOLS = ("windows", "sliding")  # whole windows from an empty context, scored from llama.cpp's logits
+FLOAT_CACHES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # a KV cast format's dtype -> cache type
+
+
+class LlamaCppEngine(Engine):
+    in_process = False
+
+    def missing(self) -> str | None:
+        return None if importlib.util.find_spec("llama_cpp") is not None else INSTALL
+
+    def cache_type(self, kv: Any) -> str | None:
+        """llama.cpp's K/V cache type holding ``kv``'s values: the model's own (f16, llama.cpp's default) or a float
+        cast; quantlab's packed integer caches have no llama.cpp twin (its q8_0/q4_0 are rotated blocks)."""
+        from ...kv import KV_FORMATS
+
+        name = KV_FORMATS.canonical_name(kv)
+        if name == "native":
+            return "f16"
+        return FLOAT_CACHES.get(getattr(kv, "dtype", "")) if name == "cast" else None
+
+    def refuse(self, recipe: Any) -> tuple[str, str] | None:
+        w, e = recipe.workload, recipe.evaluations
+        batches = w.batch_size if isinstance(w.batch_size, list) else [w.batch_size]
+        if any(b != 1 for b in batches):
+            return "workload.batch_size", f"engine {NAME} decodes one sequence; workload.batch_size must be 1"
+        for i, kv in enumerate(recipe.kv_cache):
+            if self.cache_type(kv) is None:
+                return f"kv_cache[{i}]", (f"engine {NAME} has no cache type for {kv.label}; allowed: native, fp16, "
+                                          "bf16, fp32 (or measure it in a recipe of its own)")
+        if e.perplexity is not None and e.perplexity.name not in PROTOCOLS:
+            return "evaluations.perplexity.protocol", (f"engine {NAME} scores perplexity protocols "
+                                                       f"{', '.join(PROTOCOLS)}, not {e.perplexity.name}")
+        if e.lm_eval_tasks:
+            return "evaluations.lm_eval_tasks", (f"engine {NAME} does not run lm-eval tasks; remove them or measure "
+                                                 f"{NAME} in a recipe of its own")
+        if recipe.baseline_variant.engine == NAME:
+            return "baseline", ("the variants are compared with a baseline quantlab measures; list another engine "
+                                "first in workload.engine, or name such a variant")
+        return None
+
+    def serve(self, ctx: Any) -> Served:
+        from .engine import serve
+
+        return serve(ctx, self.cache_type(ctx.variant.kv))
+
+    def note(self, rows: list[dict[str, Any]], figure: Figure) -> str:
+        from .engine import note
+
+        return note(rows, figure)
+
+
+ENGINES.add(NAME, LlamaCppEngine, "the variant's GGUF export run by llama.cpp in a process of its own "
+            "(llama-cpp-python; pip install -e '.[bench]')")
