@@ -139,8 +139,10 @@ def _init(args: argparse.Namespace) -> int:
 
 def _formats(args: argparse.Namespace) -> int:
     from .engine import ENGINES
+    from .eval.base import EVALUATIONS
     from .eval.perplexity import PERPLEXITY_PROTOCOLS
     from .kv import KV_FORMATS
+    from .measurements import MEASUREMENTS  # noqa: F401  (registers the evaluations)
     from .quant import WEIGHT_FORMATS
     from .quant.kernels import KERNELS
     from .run.executors import EXECUTORS
@@ -148,7 +150,7 @@ def _formats(args: argparse.Namespace) -> int:
     kernels = _cpu_kernels(WEIGHT_FORMATS) if args.kernels else {}
     from .quant.io import EXPORTERS
 
-    for registry in (WEIGHT_FORMATS, KV_FORMATS, ENGINES, PERPLEXITY_PROTOCOLS, EXECUTORS, EXPORTERS):
+    for registry in (WEIGHT_FORMATS, KV_FORMATS, ENGINES, EVALUATIONS, PERPLEXITY_PROTOCOLS, EXECUTORS, EXPORTERS):
         print(f"{registry.kind}s:")
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())

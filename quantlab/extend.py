@@ -1,5 +1,5 @@
-"""Extension points: the registries a new weight format, KV format, kernel, engine, measurement, perplexity
-protocol or executor registers with, the base classes it subclasses, and the run folder that records are read from.
+"""Extension points: the registries a new weight format, KV format, kernel, engine, measurement, evaluation,
+perplexity protocol or executor registers with, the base classes it subclasses, and the run folder that records are read from.
 
 Each registry names what it holds and lists the known names on a miss; a registered class is found by the
 recipe, the runner, the reports and the CLI without any of them naming it (README: "Adding a ...")."""
@@ -16,6 +16,7 @@ _LAZY = {
     "MEASUREMENTS": "quantlab.measurements:MEASUREMENTS", "Measurement": "quantlab.measurements:Measurement",
     "Result": "quantlab.measurements:Result", "Column": "quantlab.measurements:Column",
     "register_measurement": "quantlab.measurements:register", "MeasureContext": "quantlab.measurements:MeasureContext",
+    "EVALUATIONS": "quantlab.eval.base:EVALUATIONS", "Evaluation": "quantlab.eval.base:Evaluation",
     "PERPLEXITY_PROTOCOLS": "quantlab.eval.perplexity:PERPLEXITY_PROTOCOLS",
     "PerplexityProtocol": "quantlab.eval.perplexity:PerplexityProtocol",
     "EXECUTORS": "quantlab.run.executors:EXECUTORS", "Sweep": "quantlab.run.sweep:Sweep",

@@ -81,6 +81,10 @@ class Registry(Generic[T]):
     def entries(self) -> list[Entry[T]]:
         return list(self._entries.values())
 
+    def name_of(self, cls: type) -> str:
+        """The name ``cls`` is registered under (its first)."""
+        return next(e.name for e in self._entries.values() if e.cls is cls)
+
     def canonical_name(self, config: T) -> str:
         """The registered name that builds ``config`` with no fixed fields (its class's own name)."""
         for entry in self._entries.values():

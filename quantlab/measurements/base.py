@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ..eval.base import EVALUATIONS
 from ..registry import Registry
 
 if TYPE_CHECKING:
@@ -62,9 +63,15 @@ class Measurement:
     columns: ClassVar[tuple[Column, ...]] = ()
     title: ClassVar[str] = ""  # the figure's name in "how these figures were obtained"
     section: ClassVar[str | None] = None  # a heading: the columns get a table of their own instead of the main one
+    evaluation: ClassVar[type[Any] | None] = None  # the config of the recipe's evaluations entry that runs it
 
     def enabled(self, recipe: Any) -> bool:
-        return True
+        """Whether the recipe runs this measurement: always, or where its evaluation entry is given."""
+        return self.evaluation is None or bool(recipe.evaluations.get(self.name))
+
+    @property
+    def name(self) -> str:
+        return MEASUREMENTS.name_of(type(self))
 
     def measure(self, ctx: "MeasureContext", point: tuple[int, int] | None = None) -> Result | None:
         """The result for this variant (``point``: the (batch, prompt) point of a point-scope measurement)."""
@@ -131,6 +138,8 @@ def register(name: str, summary: str):
     def wrap(cls: type[Measurement]) -> type[Measurement]:
         check_columns(name, cls)
         MEASUREMENTS.add(name, cls, summary)
+        if cls.evaluation is not None:  # the recipe's evaluations.<name> entry that switches it on
+            EVALUATIONS.add(name, cls.evaluation, summary)
         return cls
 
     return wrap

@@ -13,13 +13,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
+from ..eval.base import Evaluation
 from ..eval.tokens import scored_text, token_ids_sha256
 from ..fidelity.divergence import Reference, compare, reference
 from ..files import atomic_write
 from .base import Column, Measurement, Result, register
 
 _IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
+
+
+class DivergenceEval(Evaluation):
+    """Next-token distributions against the baseline variant's, on disjoint windows of the perplexity text."""
+
+    requires = ("perplexity",)
+
+    top_k: int | None = Field(None, ge=1, description="null (default): the baseline's whole vocabulary, exact; k: only "
+                              "its k largest log-probabilities per position and the rest as one bucket, a lower bound "
+                              "of the KL that keeps k / vocabulary of the bytes")
+    window_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
+    max_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
+    batch_size: int = Field(4, ge=1, description="windows per forward pass")
 
 
 class DivergenceResult(Result):
@@ -65,6 +80,7 @@ def _store(path: Path | None, key: str, ref: Reference) -> None:
 class Divergence(Measurement):
     order = 90
     result = DivergenceResult
+    evaluation = DivergenceEval
     title = "divergence from the baseline"
     section = "Divergence from the baseline"
     columns = (
@@ -78,9 +94,6 @@ class Divergence(Measurement):
         Column("delta_perplexity", "Δppl (95% interval)", "+.3f", higher_is_better=False,
                spread=("delta_perplexity_ci95_low", "delta_perplexity_ci95_high")),
     )
-
-    def enabled(self, recipe: Any) -> bool:
-        return recipe.evaluations.divergence is not None
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec, window, max_tokens = _spec(ctx.recipe)

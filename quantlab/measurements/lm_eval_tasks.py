@@ -1,10 +1,69 @@
 """lm-evaluation-harness tasks run on the in-memory quantized model: one column per task metric."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from ..eval.base import Evaluation
 from ..eval.lm_eval import lm_eval_tasks
 from .base import Column, Measurement, Result, register
+
+
+class LMEvalTask(BaseModel):
+    """An lm-evaluation-harness task, e.g. a local YAML in ``evals/`` (needs ``quantlab[eval]``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: str
+    include_path: str | None = Field(None, description="folder of task YAMLs (relative to the recipe)")
+    num_fewshot: int = Field(0, ge=0)
+    limit: int | None = Field(None, ge=1, description="at most this many documents")
+    batch_size: int = Field(8, ge=1)
+
+
+
+
+class LMEvalTaskList(Evaluation):
+    """``evaluations.lm_eval_tasks``: a list of lm-evaluation-harness tasks, run on the in-memory model."""
+
+    tasks: list[LMEvalTask] = Field(default_factory=list)
+
+    @classmethod
+    def parse(cls, value: Any, recipe: dict[str, Any]) -> "LMEvalTaskList":
+        if not isinstance(value, list):
+            raise ValueError("expected a list of tasks: [{task: NAME, include_path: FOLDER, ...}]")
+        return cls(tasks=value)
+
+    @classmethod
+    def absent(cls) -> "LMEvalTaskList":
+        return cls()
+
+    @model_serializer(mode="wrap")
+    def _as_list(self, handler: Any) -> Any:
+        return handler(self).get("tasks", [])  # the recipe form: the list itself (empty when left at its default)
+
+    def __iter__(self) -> Iterator[LMEvalTask]:  # type: ignore[override]
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks)
+
+    def problem(self) -> tuple[str, str] | None:
+        from ..eval.lm_eval import task_problem
+
+        for i, task in enumerate(self.tasks):
+            problem = task_problem(task.task, task.include_path)
+            if problem:
+                return f"[{i}].task", problem
+        return None
+
+    def engine_refusal(self, engine: Any) -> str | None:
+        return None if engine.in_process else "lm-eval runs the model in this process; measure this engine in a " \
+            "recipe without lm_eval_tasks"
 
 
 class TaskResult(Result):
@@ -24,11 +83,9 @@ class LMEvalTasksResult(Result):
 class LMEvalTasks(Measurement):
     order = 100
     result = LMEvalTasksResult
+    evaluation = LMEvalTaskList
     title = "lm-eval tasks"
     section = "lm-eval tasks"
-
-    def enabled(self, recipe: Any) -> bool:
-        return bool(recipe.evaluations.lm_eval_tasks)
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         flat = lm_eval_tasks(ctx.model, ctx.tokenizer, ctx.recipe.evaluations.lm_eval_tasks, device=ctx.device)

@@ -5,7 +5,7 @@ from typing import Any
 
 from pydantic import create_model
 
-from ..eval.perplexity import PERPLEXITY_PROTOCOLS, protocol_summary
+from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol, protocol_summary
 from ..eval.tokens import scored_text
 from .base import Column, Measurement, Result, register
 
@@ -29,11 +29,9 @@ PerplexityResult = _result_model()
 class Perplexity(Measurement):
     order = 80
     result = PerplexityResult
+    evaluation = PerplexityProtocol
     title = "perplexity"
     columns = (Column("perplexity", "perplexity", ".3f", compare="delta", higher_is_better=False),)
-
-    def enabled(self, recipe: Any) -> bool:
-        return recipe.evaluations.perplexity is not None
 
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec = ctx.recipe.evaluations.perplexity

@@ -18,9 +18,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FieldSerializationInfo,
     PrivateAttr,
-    SerializeAsAny,
     ValidationError,
+    ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -28,9 +30,11 @@ from pydantic import (
 from ..data import BUILTIN_TEXTS, TextSource
 from ..engine import ENGINES
 from ..errors import QuantlabError, RecipeError, first_line
-from ..eval.perplexity import PERPLEXITY_PROTOCOLS, PerplexityProtocol
+from ..eval.base import EVALUATIONS
+from ..eval.perplexity import PERPLEXITY_PROTOCOLS
 from ..eval.perplexity.base import DEFAULT_KV_PROTOCOL, DEFAULT_PROTOCOL
 from ..kv import KV_FORMATS, KVFormat
+from ..measurements import MEASUREMENTS  # noqa: F401  (registers the evaluations the measurements run)
 from ..models import ModelSpec, Strict
 from ..quant import WEIGHT_FORMATS, WeightFormat
 from ..registry import Registry
@@ -103,47 +107,73 @@ class CalibrationSpec(Strict):
     seed: int = 0
 
 
-class LMEvalTask(Strict):
-    """An lm-evaluation-harness task, e.g. a local YAML in ``evals/`` (needs ``quantlab[eval]``)."""
+class Evaluations:
+    """A recipe's ``evaluations:``: each registered evaluation it names (``eval.base.EVALUATIONS``, filled by the
+    measurements that run them) and its config. An evaluation it does not name reads as that evaluation's
+    ``absent()`` (None, or an empty task list), so ``recipe.evaluations.perplexity`` is None when none is run."""
 
-    task: str
-    include_path: str | None = Field(None, description="folder of task YAMLs (relative to the recipe)")
-    num_fewshot: int = Field(0, ge=0)
-    limit: int | None = Field(None, ge=1, description="at most this many documents")
-    batch_size: int = Field(8, ge=1)
+    def __init__(self, entries: dict[str, Any] | None = None) -> None:
+        self._entries: dict[str, Any] = dict(entries or {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.get(name)
+
+    def get(self, name: str) -> Any:
+        if name in self._entries:
+            return self._entries[name]
+        if name in EVALUATIONS:
+            return EVALUATIONS[name].cls.absent()
+        raise AttributeError(f"no evaluation {name!r} is registered")
+
+    def items(self) -> list[tuple[str, Any]]:
+        """(name, config) of every evaluation the recipe names, in its order."""
+        return list(self._entries.items())
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Evaluations) and self._entries == other._entries
+
+    def __repr__(self) -> str:
+        return f"Evaluations({self._entries!r})"
+
+    def model_dump(self, mode: str = "python", exclude_defaults: bool = False) -> dict[str, Any]:
+        """The recipe form; with ``exclude_defaults`` an entry that is all defaults stays (it is asked for) and an
+        empty one goes, as the variant keys recorded before evaluations were a registry computed them."""
+        out = {}
+        for name, config in self._entries.items():
+            dumped = config.model_dump(mode=mode, exclude_defaults=exclude_defaults)
+            if exclude_defaults and dumped == [] :
+                continue
+            out[name] = dumped
+        return out
 
 
-class DivergenceEval(Strict):
-    """Next-token distributions against the baseline variant's, on disjoint windows of the perplexity text."""
-
-    top_k: int | None = Field(None, ge=1, description="null (default): the baseline's whole vocabulary, exact; k: only "
-                              "its k largest log-probabilities per position and the rest as one bucket, a lower bound "
-                              "of the KL that keeps k / vocabulary of the bytes")
-    window_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
-    max_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
-    batch_size: int = Field(4, ge=1, description="windows per forward pass")
-
-
-class Evaluations(Strict):
-    perplexity: SerializeAsAny[PerplexityProtocol] | None = Field(None, description="{protocol: NAME, fields...}: a "
-                                                                  "registered perplexity protocol")
-    divergence: DivergenceEval | None = None
-    lm_eval_tasks: list[LMEvalTask] = Field(default_factory=list)
-
-    @field_validator("perplexity", mode="before")
-    @classmethod
-    def _protocol(cls, v: Any) -> Any:
-        """``{protocol: NAME, field: value...}`` (default protocol: windows) built by the protocol registry."""
-        if isinstance(v, dict):
-            params = dict(v)
-            return PERPLEXITY_PROTOCOLS[params.pop("protocol", DEFAULT_PROTOCOL)].build(**params)
-        return v
-
-    @model_validator(mode="after")
-    def _divergence_reads_the_perplexity_text(self) -> "Evaluations":
-        if self.divergence is not None and self.perplexity is None:
-            raise ValueError("divergence scores the perplexity evaluation's text: add evaluations.perplexity")
-        return self
+def parse_evaluations(value: Any, recipe: dict[str, Any], where: str = "evaluations") -> Evaluations:
+    """The ``evaluations:`` mapping, each entry built by its registered evaluation (ValueError or pydantic's
+    ValidationError naming what is wrong; ``recipe``: the whole mapping, for defaults that depend on it)."""
+    if value is None:
+        return Evaluations()
+    if isinstance(value, Evaluations):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of evaluations (known: {', '.join(EVALUATIONS.names())})")
+    entries = {}
+    for name, entry in value.items():
+        if name not in EVALUATIONS:
+            raise ValueError(unknown_field_message(str(name), EVALUATIONS.names()))
+        cls = EVALUATIONS[name].cls
+        built = None if entry is None else entry if isinstance(entry, cls) else cls.parse(entry, recipe)
+        if built:  # an empty task list asks for nothing
+            entries[name] = built
+    for name, config in entries.items():
+        missing = [r for r in type(config).requires if r not in entries]
+        if missing:
+            raise ValueError(f"{name} reads the {missing[0]} evaluation's text: add {where}.{missing[0]}")
+    return Evaluations(entries)
 
 
 class ExecutorSpec(Strict):
@@ -211,7 +241,8 @@ class Recipe(Strict):
     weights: list[WeightFormat] = Field(min_length=1)
     kv_cache: list[KVFormat] = Field(default_factory=list)
     workload: Workload = Workload()
-    evaluations: Evaluations = Evaluations()
+    evaluations: Evaluations = Field(default_factory=Evaluations, description="each registered evaluation to run "
+                                     "(quantlab formats lists them), with its fields")
     calibration: CalibrationSpec = CalibrationSpec()
     baseline: str | None = Field(None, description="variant label of the baseline, or a weight-format label (its variant "
                                  "with the first KV format listed); default: the first variant")
@@ -228,6 +259,15 @@ class Recipe(Strict):
                                "answer is judged by")
     seed: int = 0
     _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
+
+    @field_validator("evaluations", mode="before")
+    @classmethod
+    def _evaluations(cls, v: Any, info: ValidationInfo) -> Evaluations:
+        return parse_evaluations(v, dict(info.data))
+
+    @field_serializer("evaluations")
+    def _dump_evaluations(self, v: Evaluations, info: FieldSerializationInfo) -> dict[str, Any]:
+        return v.model_dump(mode=info.mode, exclude_defaults=info.exclude_defaults)
 
     @property
     def source(self) -> str:
@@ -276,11 +316,16 @@ class Recipe(Strict):
                     raise ValueError(f"export[{i}].variants: '{name}' is no variant or weight-format label (labels: "
                                      f"{', '.join(labels)})")
         for name in self.workload.engines:
-            refusal = ENGINES[name].build().refuse(self)
+            engine = ENGINES[name].build()
+            refusal = engine.refuse(self)
             if refusal is not None:
                 field, why = refusal
                 raise ValueError(f"{field}: {why} (workload.engine: {name})")
-        if self.model.synthetic and (self.evaluations.perplexity or self.evaluations.lm_eval_tasks):
+            for evaluation, config in self.evaluations.items():
+                why = config.engine_refusal(engine)
+                if why is not None:
+                    raise ValueError(f"evaluations.{evaluation}: {why} (workload.engine: {name})")
+        if self.model.synthetic and self.evaluations:
             raise ValueError("evaluations need trained weights; a synthetic model has random ones")
         return self
 
@@ -509,6 +554,26 @@ def text_file_problem(path: Path) -> str | None:
     return None
 
 
+def _evaluations_of(value: Any, data: dict[str, Any], file: str) -> Evaluations:
+    """``evaluations:`` built entry by entry, a wrong name or field a ``RecipeError`` naming its path."""
+    if isinstance(value, dict):
+        for name, entry in value.items():
+            if name not in EVALUATIONS:
+                raise RecipeError(file, f"evaluations.{name}", unknown_field_message(str(name), EVALUATIONS.names()))
+            cls = EVALUATIONS[name].cls
+            try:
+                value = {**value, name: entry if entry is None or isinstance(entry, cls) else cls.parse(entry, data)}
+            except ValidationError as e:
+                path, msg = first_error(e, cls, f"evaluations.{name}")
+                raise RecipeError(file, path, msg) from None
+            except ValueError as e:
+                raise RecipeError(file, f"evaluations.{name}", str(e)) from None
+    try:
+        return parse_evaluations(value, data)
+    except ValueError as e:
+        raise RecipeError(file, "evaluations", str(e)) from None
+
+
 def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
     """Validate a parsed recipe mapping; relative paths resolve against ``base_dir``."""
     if not isinstance(data, dict):
@@ -529,6 +594,8 @@ def validate_recipe(data: Any, file: str = "<recipe>", base_dir: Path | None = N
         compares_kv = any(name != DEFAULT_KV_FORMAT for name in kv)  # quality must then read the cache, unless told not to
         entry = {"protocol": DEFAULT_KV_PROTOCOL if compares_kv else DEFAULT_PROTOCOL, **evaluations["perplexity"]}
         evaluations["perplexity"] = resolve_format(PERPLEXITY_PROTOCOLS, entry, file, "evaluations.perplexity", "protocol")
+    if evaluations is not None:
+        data["evaluations"] = _evaluations_of(evaluations, data, file)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as e:

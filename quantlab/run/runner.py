@@ -133,13 +133,12 @@ def kv_residual_warnings(recipe: Recipe) -> list[str]:
 
 
 def _check_tasks(recipe: Recipe) -> None:
-    """Every lm-eval task the recipe names exists (lm-eval's index, and the task's include_path)."""
-    from ..eval.lm_eval import task_problem
-
-    for i, task in enumerate(recipe.evaluations.lm_eval_tasks):
-        problem = task_problem(task.task, task.include_path)
+    """Every evaluation can run here as the recipe writes it (its package installed, its tasks found)."""
+    for name, config in recipe.evaluations.items():
+        problem = config.problem()
         if problem:
-            raise RecipeError(recipe.source, f"evaluations.lm_eval_tasks[{i}].task", problem)
+            where, why = problem
+            raise RecipeError(recipe.source, f"evaluations.{name}{where}", why)
 
 
 def _check_weights(recipe: Recipe, config: Any) -> None:

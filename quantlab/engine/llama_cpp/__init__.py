@@ -12,7 +12,6 @@ from ..base import ENGINES, Engine, Figure, Served
 from .process import INSTALL
 
 NAME = "llama.cpp"
-PROTOCOLS = ("windows", "sliding")  # whole windows from an empty context, scored from llama.cpp's logits
 FLOAT_CACHES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # a KV cast format's dtype -> cache type
 
 
@@ -33,7 +32,7 @@ class LlamaCppEngine(Engine):
         return FLOAT_CACHES.get(getattr(kv, "dtype", "")) if name == "cast" else None
 
     def refuse(self, recipe: Any) -> tuple[str, str] | None:
-        w, e = recipe.workload, recipe.evaluations
+        w = recipe.workload
         batches = w.batch_size if isinstance(w.batch_size, list) else [w.batch_size]
         if any(b != 1 for b in batches):
             return "workload.batch_size", f"engine {NAME} decodes one sequence; workload.batch_size must be 1"
@@ -41,12 +40,6 @@ class LlamaCppEngine(Engine):
             if self.cache_type(kv) is None:
                 return f"kv_cache[{i}]", (f"engine {NAME} has no cache type for {kv.label}; allowed: native, fp16, "
                                           "bf16, fp32 (or measure it in a recipe of its own)")
-        if e.perplexity is not None and e.perplexity.name not in PROTOCOLS:
-            return "evaluations.perplexity.protocol", (f"engine {NAME} scores perplexity protocols "
-                                                       f"{', '.join(PROTOCOLS)}, not {e.perplexity.name}")
-        if e.lm_eval_tasks:
-            return "evaluations.lm_eval_tasks", (f"engine {NAME} does not run lm-eval tasks; remove them or measure "
-                                                 f"{NAME} in a recipe of its own")
         if recipe.baseline_variant.engine == NAME:
             return "baseline", ("the variants are compared with a baseline quantlab measures; list another engine "
                                 "first in workload.engine, or name such a variant")

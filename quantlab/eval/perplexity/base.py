@@ -21,16 +21,19 @@ from ...data import BUILTIN_TEXTS, Text, TextSource
 from ...errors import QuantlabError
 from ...progress import progress
 from ...registry import Registry
+from ..base import Evaluation
 
 DEFAULT_PROTOCOL = "windows"
 DEFAULT_KV_PROTOCOL = "kv-chunked"  # the default when a recipe compares KV formats: one that reads the cache
 
 
-class PerplexityProtocol(BaseModel):
-    """Base of perplexity protocols: the fields every protocol takes, and how its stamp reads."""
+class PerplexityProtocol(Evaluation):
+    """Base of perplexity protocols: the fields every protocol takes, and how its stamp reads. As the recipe's
+    ``evaluations.perplexity`` entry, ``{protocol: NAME, fields...}`` builds the protocol NAME names."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     reads_kv_cache: ClassVar[bool] = False  # whether the figure depends on the KV format
+    whole_windows: ClassVar[bool] = True  # scored from whole windows' logits (an engine outside this process can)
     extra_result: ClassVar[type[BaseModel] | None] = None  # further result fields (optional floats) it reports
 
     window_tokens: int = Field(256, ge=2)
@@ -42,6 +45,22 @@ class PerplexityProtocol(BaseModel):
     @property
     def name(self) -> str:
         return PERPLEXITY_PROTOCOLS.canonical_name(self)
+
+    @classmethod
+    def parse(cls, value: Any, recipe: dict[str, Any]) -> "PerplexityProtocol":
+        """The protocol ``value`` names (default: windows, or kv-chunked where the recipe compares KV formats)."""
+        if isinstance(value, PerplexityProtocol):
+            return value
+        params = dict(value or {})
+        name = params.pop("protocol", None) or default_protocol(recipe)
+        return PERPLEXITY_PROTOCOLS[name].build(**params)
+
+    def engine_refusal(self, engine: Any) -> str | None:
+        if engine.in_process or type(self).whole_windows:
+            return None
+        allowed = [n for n in PERPLEXITY_PROTOCOLS.names() if PERPLEXITY_PROTOCOLS[n].cls.whole_windows]
+        return (f"protocol {self.name} does not score whole windows from an empty context; an engine outside this "
+                f"process scores protocols {', '.join(allowed)}")
 
     @model_serializer(mode="wrap")
     def _with_name(self, handler: Any, info: SerializationInfo) -> dict[str, Any]:
@@ -74,6 +93,15 @@ class PerplexityProtocol(BaseModel):
 
 
 PERPLEXITY_PROTOCOLS: Registry[PerplexityProtocol] = Registry("perplexity protocol")
+
+
+def default_protocol(recipe: dict[str, Any]) -> str:
+    """kv-chunked where the recipe compares KV formats (quality must then read the cache), else windows."""
+    from ...kv import KV_FORMATS
+
+    names = [KV_FORMATS.canonical_name(k) if not isinstance(k, (str, dict)) else
+             (k if isinstance(k, str) else str(k.get("format"))) for k in recipe.get("kv_cache") or []]
+    return DEFAULT_KV_PROTOCOL if any(n != "native" for n in names) else DEFAULT_PROTOCOL
 
 
 def protocol_of(stamp: dict[str, Any]) -> type[PerplexityProtocol]:

@@ -49,6 +49,7 @@ def cache_perplexity(
 @PERPLEXITY_PROTOCOLS.register("kv-chunked", "disjoint windows fed chunk_tokens at a time through the KV cache")
 class KVChunked(PerplexityProtocol):
     reads_kv_cache = True
+    whole_windows = False  # chunk by chunk through the variant's own cache
     chunk_tokens: int = Field(32, ge=1, description="tokens fed per forward through the KV cache")
 
     def run(self, model, tokenizer, ids, text, kv, device):  # type: ignore[no-untyped-def]

@@ -80,6 +80,7 @@ def lm_eval_perplexity(model: nn.Module, tokenizer: Any, text: Text, *, window_t
 @PERPLEXITY_PROTOCOLS.register("lm-eval", "lm-evaluation-harness's loglikelihood_rolling: word perplexity (extra eval)")
 class LMEvalRolling(PerplexityProtocol):
     extra_result = LMEvalPerplexity
+    whole_windows = False  # lm-eval runs the model in this process
 
     def run(self, model, tokenizer, ids, text, kv, device):  # type: ignore[no-untyped-def]
         return lm_eval_perplexity(model, tokenizer, text, window_tokens=self.window_tokens, batch_size=self.batch_size,

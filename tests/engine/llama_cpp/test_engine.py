@@ -42,7 +42,8 @@ def test_every_variant_is_measured_on_each_engine_and_a_single_engine_keeps_its_
 @pytest.mark.parametrize("changes,field", [
     ({"workload": {**WORKLOAD, "batch_size": [1, 2], "engine": ["auto", "llama.cpp"]}}, "batch_size must be 1"),
     ({"kv_cache": ["native", "int8"]}, "kv_cache\\[1\\]: engine llama.cpp has no cache type for int8"),
-    ({"evaluations": {"perplexity": {"protocol": "kv-chunked", "window_tokens": 256}}}, "not kv-chunked"),
+    ({"evaluations": {"perplexity": {"protocol": "kv-chunked", "window_tokens": 256}}},
+     "evaluations.perplexity: protocol kv-chunked does not score whole windows"),
     ({"evaluations": {"perplexity": {"window_tokens": 256}}, "baseline": "fp32@llama.cpp"}, "baseline"),
 ])
 def test_what_llama_cpp_cannot_measure_is_refused_in_one_line(changes: dict, field: str) -> None:
