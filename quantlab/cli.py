@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("recipe", help="recipe YAML file")
     run.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe name>)")
     run.add_argument("--executor", default=None, metavar="KIND",
-                     help="where variants run: local (here) or ray (as Ray tasks); default: the recipe's executor, local")
+                     help="where variants run: a registered executor (quantlab formats lists them: here one at a time, "
+                     "or as Ray tasks); default: the recipe's executor, local")
     run.add_argument("--address", default=None, help="with --executor ray: the Ray cluster to join (auto, ray://..., "
                      "host:port); without it a local Ray instance is started")
     run.add_argument("--threads", type=int, default=None, metavar="N",
@@ -333,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=EXIT_CODES)
     export.add_argument("dir", help="a run's output folder")
     export.add_argument("--variant", required=True, help="variant label, or weight-format label (e.g. int4-g32-sym)")
-    export.add_argument("--to", required=True, help="target: gguf (llama.cpp) or gptq (GPTQModel, transformers)")
+    export.add_argument("--to", required=True, help="a registered export target (quantlab formats lists them: GGUF for "
+                        "llama.cpp, compressed-tensors for vLLM, GPTQ and AWQ folders)")
     export.add_argument("--out", type=Path, required=True, help="folder to write")
     export.set_defaults(func=_export)
     init = sub.add_parser("init", help="write a starter recipe, or a shipped example recipe, to start from",

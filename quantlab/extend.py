@@ -2,7 +2,7 @@
 perplexity protocol or executor registers with, the base classes it subclasses, and the run folder that records are read from.
 
 Each registry names what it holds and lists the known names on a miss; a registered class is found by the
-recipe, the runner, the reports and the CLI without any of them naming it (README: "Adding a ...")."""
+recipe, the runner, the reports and the CLI without any of them naming it (docs/extending/)."""
 from __future__ import annotations
 
 from .lazy import lazy_exports

@@ -154,6 +154,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(["run", "report"], 7),
     **dict.fromkeys(["api", "starter", "extend"], 8),
     "cli": 9,
+    "reference": 10,  # the documentation's generated pages: reads every registry and the CLI's parser
 }
 
 

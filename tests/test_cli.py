@@ -150,6 +150,7 @@ def test_lengths_beyond_the_position_limit_are_refused_with_the_limit_and_its_so
     assert proc.stderr.strip().count("\n") == 0  # the one line only: no other package's import-time notices
 
 
+@pytest.mark.slow  # a fresh interpreter that loads and fails a variant: CI's slow tier
 def test_a_failed_variant_makes_the_run_exit_1_with_the_report_written(tmp_path: Path, small_model_dir: Path) -> None:
     unsupported = {"format": "int4", "group_size": 16, "compute_dtype": "bfloat16", "kernel": "int4pack_mm_cpu"}
     path = _recipe(tmp_path, model={"path": str(small_model_dir)}, weights=[unsupported], isolation="none")

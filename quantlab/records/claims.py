@@ -102,12 +102,20 @@ class Claims:
         return sorted(out)
 
     def current(self, key: str) -> Claim | None:
-        """The live-or-stale claim of ``key`` with the highest generation, or None."""
-        for gen, path in reversed(self._generations(key)):
+        """The live-or-stale claim of ``key`` with the highest generation, or None.
+
+        A file that vanishes between the listing and the read was released, or a newer generation's owner removed
+        it after creating its own: the listing is taken again rather than falling back to an older generation
+        (which a taker-over may already have deleted, leaving nothing and inviting a second claim)."""
+        for _ in range(100):
+            found = self._generations(key)
+            if not found:
+                return None
+            gen, path = found[-1]
             try:
                 data = json.loads(path.read_text())
             except FileNotFoundError:
-                continue  # released meanwhile
+                continue  # released or superseded meanwhile: list again
             except json.JSONDecodeError:  # being written this instant: an exclusive create is never half-done for long
                 data = {"owner": {}}
             return Claim(path, key, gen, data.get("owner") or {})
@@ -129,8 +137,12 @@ class Claims:
         with os.fdopen(fd, "w") as f:
             json.dump({"owner": me, "claimed_at": time.time(),
                        "took_over": current.owner if current is not None else None}, f)
-        for _, old in self._generations(key):  # the stale generations below ours are dead owners' files
-            if old != path:
+        newest = self.current(key)
+        if newest is not None and newest.generation > generation:  # another process took a later generation
+            path.unlink(missing_ok=True)
+            return None
+        for gen, old in self._generations(key):  # the stale generations below ours are dead owners' files
+            if gen < generation:
                 old.unlink(missing_ok=True)
         return Claim(path, key, generation, me)
 

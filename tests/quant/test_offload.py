@@ -45,7 +45,8 @@ def _codes(model: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
 
 
 @pytest.mark.parametrize("fmt", [WEIGHT_FORMATS["int4"].build(group_size=128),
-                                 WEIGHT_FORMATS["gptq"].build(bits=4, group_size=128)])
+                                 pytest.param(WEIGHT_FORMATS["gptq"].build(bits=4, group_size=128),
+                                              marks=pytest.mark.slow)])  # a calibrated solve: CI's slow tier
 def test_quantizing_an_offloaded_model_gives_the_same_codes(fmt) -> None:
     whole, placed = _pair()
     calibration = calibration_samples(_ids(whole.tokenizer), 8, 128, seed=0) if fmt.requires_calibration else None

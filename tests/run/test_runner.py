@@ -17,14 +17,15 @@ WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs"
 
 @pytest.fixture(scope="module")
 def quickstart_slice(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart's real path (bundled model, one process per variant) on fewer tokens."""
+    """The quickstart's path (bundled model) on fewer tokens, in this process (the CLI tests run a process per
+    variant)."""
     recipe = validate_recipe({
         "name": "quickstart-slice",
         "model": {"bundled": "tiny-stdlib-llama"},
         "weights": ["fp32", "bf16", {"format": "int8"}, {"format": "int4", "group_size": 128}],
         "workload": WORKLOAD,
-        "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 4096}},
-        "device": "cpu",
+        "evaluations": {"perplexity": {"window_tokens": 256, "max_tokens": 1024}},
+        "device": "cpu", "isolation": "none",
     })
     return run_recipe(recipe, tmp_path_factory.mktemp("run") / "out", log=lambda _: None)
 
@@ -45,7 +46,7 @@ def test_every_variant_is_measured_with_units_and_protocol(quickstart_slice: Pat
         assert r["peak_memory_bytes"] == max(r["peak_prefill_bytes"], r["peak_decode_bytes"])
         assert 0 < r["roofline_share"] < 1 and r["decode_bytes_read_per_step"] > r["decode_weight_bytes_read"]
         proto = r["perplexity_protocol"]
-        assert proto["name"] == "windows" and proto["scored_tokens"] == 16 * 255 and len(proto["text_sha256"]) == 64
+        assert proto["name"] == "windows" and proto["scored_tokens"] == 4 * 255 and len(proto["text_sha256"]) == 64
         assert math.isfinite(r["perplexity"])
     kv = {r["variant"]: r["kv_cache_bytes"] for r in rows}
     assert kv["fp32"] == 2 * kv["bf16"]  # the native cache follows the compute dtype
@@ -471,6 +472,7 @@ def test_a_calibrated_format_is_solved_once_for_all_its_kv_formats(tmp_path: Pat
     assert not (out / "weights").exists()
 
 
+@pytest.mark.slow  # two runs in fresh processes: CI's slow tier
 def test_threads_from_the_recipe_or_the_cli_reach_the_measuring_process_and_are_recorded(tmp_path: Path) -> None:
     from quantlab import RecipeError
 

@@ -37,6 +37,7 @@ def test_groups_by_layer_module_type_and_module(tmp_path: Path) -> None:
     assert len(modules) == 6 * 7 and (modules[8].layer, modules[8].kind) == (1, "k_proj")
 
 
+@pytest.mark.slow  # a scan over every group, end to end: CI's slow tier
 def test_sensitivity_ranks_every_group_and_draws_the_heatmap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert main(["sensitivity", str(_recipe(tmp_path)), "--granularity", "module-type", "--max-tokens", "512",

@@ -17,6 +17,7 @@ from quantlab.run.sweep import Sweep, noisy_earlier
 WORKLOAD = {"prompt_tokens": 8, "new_tokens": 4, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"}
 
 
+@pytest.mark.slow  # three runs of a recipe: CI's slow tier
 def test_retime_measures_only_the_noisy_rows_timing_again_and_keeps_their_other_figures(tmp_path: Path) -> None:
     recipe = validate_recipe({"name": "retime", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32", "int8"],
                               "workload": WORKLOAD, "isolation": "none", "device": "cpu",
@@ -24,6 +25,15 @@ def test_retime_measures_only_the_noisy_rows_timing_again_and_keeps_their_other_
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
     folder = RunFolder(out)
     fp32, int8 = (v.key for v in recipe.variants())
+    quiet = folder.read_record(fp32)  # timed on a quiet machine, whatever load the test run itself met
+    quiet["points"][0]["measurements"]["latency"].update(threads=2, load_average_1m=0.0, process_cpu_share=1.0,
+                                                         concurrent_timed_runs=0)
+    quiet["points"][0]["measurements"]["latency"].pop("memory_bandwidth_after_bytes_per_s", None)
+    latency = quiet["points"][0]["measurements"]["latency"]
+    if latency.get("decode_ms_p10"):
+        latency["decode_ms_p90"] = latency["decode_ms_p10"]
+    folder.write_record(quiet)
+    assert not noisy_earlier(folder.read_record(fp32), quiet["sweep"] + 1)
     busy = folder.read_record(int8)
     busy["points"][0]["measurements"]["latency"].update(threads=2, load_average_1m=7.5)  # as a busy machine leaves it
     folder.write_record(busy)
@@ -41,9 +51,10 @@ def test_retime_measures_only_the_noisy_rows_timing_again_and_keeps_their_other_
     latency = again["points"][0]["measurements"]["latency"]
     assert latency.get("load_average_1m") != 7.5 and latency["decode_steps"] == 4
     assert len(list(folder.replaced_dir.glob(f"{int8}.*.json"))) == 2  # the edited record and the noisy one, kept
+    still_noisy = noisy_earlier(again, again["sweep"] + 1)  # the tiny model's timing may be noisy again here
     logs.clear()
-    run_recipe(recipe, out, log=logs.append, retime=True)  # nothing flagged any more (or flagged in this sweep)
-    assert not any("timing again" in line for line in logs) or not noisy_earlier(folder.read_record(int8), 99)
+    run_recipe(recipe, out, log=logs.append, retime=True)
+    assert any("timing again" in line for line in logs) == still_noisy
 
 
 @pytest.fixture

@@ -165,7 +165,7 @@ class LlamaCppProcess:
         if code < 0:
             name = signal.Signals(-code).name
             hint = (" (llama.cpp crashed; on a CPU with AMX, ggml's AMX buffer type is a known cause: build "
-                    "llama-cpp-python without it, README's llama.cpp section)") if name == "SIGSEGV" else ""
+                    "llama-cpp-python without it, docs/benchmarks.md, llama.cpp as an engine)") if name == "SIGSEGV" else ""
             return f"its process was killed by {name}{hint}"
         return f"its process exited with status {code} (its error is above)"
 

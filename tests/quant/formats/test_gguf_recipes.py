@@ -48,7 +48,8 @@ def _gguf_types(model: torch.nn.Module) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
-@pytest.mark.parametrize("which", ["tiny-stdlib-llama", "llama-32-layers"])
+@pytest.mark.parametrize("which", ["tiny-stdlib-llama",  # the 32-layer model's rules (first and last eighths,
+                                   pytest.param("llama-32-layers", marks=pytest.mark.slow)])  # every third): slow tier
 def test_every_tensor_takes_llama_cpps_type(models, which: str, recipe: str) -> None:
     model = copy.deepcopy(models[which][0])
     quantize_(model, build_format({"format": "gguf", "recipe": recipe}))
