@@ -2,7 +2,7 @@
 subpackages for the formats, stored tensors, matmul kernels, the calibrated pass, mixed precision and
 checkpoint I/O. Importing this package registers every built-in format and kernel (in any order: kernel
 names are checked when a format is validated, and ``auto`` follows each kernel's declared preference)."""
-from . import formats, kernels, mixed  # noqa: F401  (registration)
+from . import formats, forms, kernels, mixed  # noqa: F401  (registration)
 from .apply import QuantizeReport, quantize_
 from .calibrate.gptq_solve import gptq_quantize
 from .format import WEIGHT_FORMATS, Calibration, WeightFormat

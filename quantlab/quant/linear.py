@@ -39,6 +39,7 @@ class QuantizedLinear(nn.Module):
         self.settings = dict(settings or {})  # how the codes were chosen (method, true_sequential...), for exports
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.register_buffer("input_scale", None)  # [in]: multiplies the input (AWQ's unfolded scales); or None
+        self.input_rounding: nn.Module | None = None  # rounds the input to a format's grid (W4A4, W8A8), or None
 
     @classmethod
     def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None,
@@ -72,6 +73,8 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
+        if self.input_rounding is not None:
+            x = self.input_rounding(x)
         y = self.kernel(x)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 

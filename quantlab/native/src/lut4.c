@@ -4,21 +4,30 @@
    Layout: the stored form as it is. Each row of K codes is K/2 bytes, code 2i in the low nibble of byte i and
    code 2i+1 in the high one; a code is an index into a 16-entry float table (`lut`). The row-major weight is cut
    into blocks of `block` values (K a multiple of `block`, `block` a multiple of 32, so blocks never straddle
-   rows), each with one scale: its absolute maximum as float32 (`absmax`, kind 0), or double-quantized (kind 1):
-   a uint8 index into a 256-entry map (`dmap`) times a float32 scale per 256 blocks (`scale2`) plus one float32
-   offset. A decode step's few rows of activations are multiplied by the codes directly: 32 codes at a time are
+   rows; 16 too), each with one scale: its absolute maximum as float32 (`absmax`, kind 0), or double-quantized
+   (kind 1): a uint8 index into a 256-entry map (`dmap`) times a float32 scale per 256 blocks (`scale2`) plus one
+   float32 offset; or a microscaling scale (quantlab.quant.forms.microscaling): an e8m0 biased exponent byte (kind
+   2, the power of two 2^(e - 127)), or an e4m3 byte decoded through `dmap` and divided by one float32 global
+   scale (`scale2[0]`, kind 3; NVFP4). A decode step's few rows of activations are multiplied by the codes directly: 32 codes at a time are
    split out of their nibbles and looked up in the table in registers, never written out. Compiled at first use
    with the machine's C compiler. */
 #include "common.h"
 
-enum { ABSMAX_F32 = 0, ABSMAX_DQ = 1 };
+enum { ABSMAX_F32 = 0, ABSMAX_DQ = 1, SCALE_E8M0 = 2, SCALE_E4M3 = 3 };
 
 
 /* The scale of block b. */
 static inline float block_scale(const void* absmax, int kind, const float* scale2, const float* offset,
                                 const float* dmap, size_t b) {
     if (kind == ABSMAX_F32) return ((const float*)absmax)[b];
-    return dmap[((const uint8_t*)absmax)[b]] * scale2[b >> 8] + offset[0];
+    uint8_t byte = ((const uint8_t*)absmax)[b];
+    if (kind == SCALE_E8M0) {
+        union { uint32_t u; float f; } v;
+        v.u = byte ? (uint32_t)byte << 23 : 1u << 22;  /* 0: 2^-127, a subnormal */
+        return v.f;
+    }
+    if (kind == SCALE_E4M3) return dmap[byte] / scale2[0];
+    return dmap[byte] * scale2[b >> 8] + offset[0];
 }
 
 #ifdef __AVX2__
@@ -49,6 +58,23 @@ static inline __attribute__((always_inline)) void rows_avx2(
         const uint8_t* row = w + (size_t)n * (K / 2);
         __m256 total[4];
         for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
+        if (block == 16) {  /* NVFP4: the 32 codes of a chunk take two scales */
+            for (int k = 0; k < K; k += 32) {
+                __m256 v[4];
+                decode32(row + k / 2, lo, hi, v);
+                size_t b = (size_t)n * per_row + k / 16;
+                __m256 s0 = _mm256_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, b));
+                __m256 s1 = _mm256_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, b + 1));
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + k;
+                    __m256 a0 = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(v[0], _mm256_loadu_ps(xb)));
+                    __m256 a1 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), _mm256_mul_ps(v[2], _mm256_loadu_ps(xb + 16)));
+                    total[r] = _mm256_fmadd_ps(s1, a1, _mm256_fmadd_ps(s0, a0, total[r]));
+                }
+            }
+            for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]);
+            continue;
+        }
         for (int g = 0; g < per_row; g++) {
             __m256 acc[4][2];
             for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
+from ..activations import ActivationFormat
 from ..format import WEIGHT_FORMATS, QuantizedWeightFormat
 from ..linear import QuantizedLinear, linear_weight
 from ..tensors.float8 import Float8Tensor, quantize_fp8
@@ -26,28 +27,56 @@ class FP8Format(QuantizedWeightFormat):
 
     kind: Literal["e4m3", "e5m2"] = Field("e4m3", description="e4m3 (more precision) or e5m2 (more range)")
     per_tensor: bool = Field(False, description="one scale for the whole weight instead of one per output channel")
+    block_size: int | None = Field(None, gt=0, description="one scale per block_size x block_size tile of the "
+                                   "weight (128: DeepSeek-V3's and compressed-tensors' FP8_BLOCK); dequantize+matmul")
+    activations: ActivationFormat | None = Field(None, description="round each quantized linear's input too (W8A8): "
+                                                 "fp8 (per token, or {format: fp8, group_size: 128}) or another "
+                                                 "format; emulated on CPU; null: weight-only")
     kernel: Literal["auto", "fp8_cpu", "dequantize+matmul", "fp8_scaled_mm_cuda"] = Field(
         "auto", description="fp8_scaled_mm_cuda: torch._scaled_mm with activations cast to e4m3 per row (CUDA, "
         "compute capability 8.9+, bf16); auto: fp8_cpu on CPU (the stored bytes, weight only), else "
         "dequantize+matmul")
 
+    @model_validator(mode="after")
+    def _block(self) -> "FP8Format":
+        if self.block_size and self.per_tensor:
+            raise ValueError("block_size excludes per_tensor: true; drop one")
+        if self.block_size and self.kernel not in ("auto", "dequantize+matmul"):
+            raise ValueError(f"kernel {self.kernel} takes a scale per channel or tensor; block_size runs on "
+                             "dequantize+matmul (auto)")
+        return self
+
     @property
     def scheme_label(self) -> str:
-        parts = ["fp8", self.kind, "pt" if self.per_tensor else "pc"]
+        parts = ["fp8", self.kind, f"b{self.block_size}" if self.block_size else "pt" if self.per_tensor else "pc"]
+        parts += [self.activations.label] if self.activations else []
         return "-".join(parts + self.compute_dtype_label() + ([self.kernel] if self.kernel != "auto" else []))
 
     @property
     def exports(self) -> tuple[str, ...]:
-        """compressed-tensors' float-quantized weights are e4m3 with a scale per channel or tensor."""
-        return ("compressed-tensors",) if self.kind == "e4m3" and not self.overrides else ()
+        """compressed-tensors' float-quantized weights are e4m3 with a scale per channel, tensor or block."""
+        plain = self.kind == "e4m3" and not self.overrides and not self.activations
+        return ("compressed-tensors",) if plain else ()
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
-        return Float8Tensor.analytic_nbytes((out_features, in_features), self.per_tensor)
+        return Float8Tensor.analytic_nbytes((out_features, in_features), self.per_tensor, self.block_size)
 
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
-        q = quantize_fp8(linear_weight(module), self.kind, self.per_tensor)
+        q = quantize_fp8(linear_weight(module), self.kind, self.per_tensor, self.block_size)
         kernels = None if self.kernel == "auto" else [self.kernel]
-        return QuantizedLinear.from_linear(module, q, kernels, {"method": f"fp8-{self.kind}"})
+        layer = QuantizedLinear.from_linear(module, q, kernels, {"method": f"fp8-{self.kind}"})
+        if self.activations is not None:
+            layer.input_rounding = self.activations.module()
+        return layer
+
+    def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
+                    base: torch.dtype) -> tuple[str, str] | None:
+        block = self.activations.block if self.activations else 1
+        for name, (out, n_in) in linears.items():
+            if self.format_for(name) is self and n_in % block:
+                return ".activations", (f"{self.activations.label} takes blocks of {block} along the input; {name} has "
+                                        f"{n_in} input features")
+        return super().check_model(linears, head, base)
 
 
 WEIGHT_FORMATS.register("fp8", "FP8 weights with a scale per output channel or tensor; fields: kind (e4m3 | e5m2), "

@@ -3,7 +3,8 @@
 Integer codes of 1–8 bits are ``pack-quantized``: ``weight_packed`` (int32, codes packed along the input by
 compressed-tensors' own ``pack_to_int32``), ``weight_scale`` ``[out, groups]``, ``weight_zero_point`` (asymmetric,
 packed along the output) and ``weight_shape``; float8 e4m3 values are ``float-quantized`` (``weight`` in float8 and
-a float32 ``weight_scale`` per channel or tensor). Each distinct scheme is a config group whose targets are its
+a float32 ``weight_scale`` per channel, tensor or 128x128 block). Stored forms outside these register a ``Codec``
+(the microscaling forms: ``nvfp4-pack-quantized``, ``mxfp4-pack-quantized``, ``mxfp8-quantized``). Each distinct scheme is a config group whose targets are its
 modules' names, so per-module mixes keep each module's own scheme; linears left in floating point are
 ``ignore``d. The numbers are those the model holds: ``(code − zero) · scale`` is compressed-tensors' own
 ``(q − zp) · scale`` with ``q = code − 2^(bits−1)``. Refused: NF4/FP4 codebooks, float zero points that are not
@@ -12,8 +13,9 @@ whole numbers (HQQ), act-order columns and e5m2.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -33,14 +35,40 @@ from .export import (
     write_checkpoint,
 )
 
-NEAREST = "format: int4 (group_size 32-128, symmetric or not), int8, or fp8 (e4m3)"
+NEAREST = "format: int4 (group_size 32-128, symmetric or not), int8, fp8 (e4m3), mxfp4, mxfp8 or nvfp4"
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one stored form is written as compressed-tensors: its scheme (``{"format": ..., "weights": {...}}``, or
+    why it has none) and its tensors by their compressed-tensors names (scales in the model's dtype where the form
+    leaves that open)."""
+
+    scheme: Callable[[WeightTensor], dict[str, Any] | str]
+    tensors: Callable[[WeightTensor, torch.dtype], dict[str, torch.Tensor]]
+    note: str | None = None  # what a user loading such a folder should know (written to the export's notes)
+
+
+CODECS: dict[type[WeightTensor], Codec] = {}  # stored forms outside the built-in ones, by class
+
+
+def register_codec(form: type[WeightTensor], codec: Codec) -> None:
+    """Write ``form`` through ``codec`` (a stored form's folder registers its own)."""
+    CODECS[form] = codec
 
 
 def scheme(q: WeightTensor) -> dict[str, Any] | str:
     """The compressed-tensors weight arguments and format for ``q``, or why there are none."""
+    if type(q) in CODECS:
+        return CODECS[type(q)].scheme(q)
     if isinstance(q, Float8Tensor):
         if q.data.dtype != torch.float8_e4m3fn:
             return "float8 e5m2 values: compressed-tensors' float-quantized weights are e4m3"
+        if q.block_size:
+            return {"format": "float-quantized", "weights": {
+                "num_bits": 8, "type": "float", "symmetric": True, "strategy": "block", "group_size": None,
+                "block_structure": [q.block_size, q.block_size], "dynamic": False, "actorder": None,
+                "observer": "minmax"}}
         return {"format": "float-quantized", "weights": {
             "num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor" if _per_tensor(q) else "channel",
             "group_size": None, "dynamic": False, "actorder": None, "observer": "minmax"}}
@@ -66,7 +94,11 @@ def module_tensors(lw: LinearWeight, dtype: torch.dtype) -> dict[str, torch.Tens
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     q = lw.stored
+    if type(q) in CODECS:
+        return CODECS[type(q)].tensors(q, dtype)
     if isinstance(q, Float8Tensor):
+        if q.block_size:
+            return {"weight": q.data.cpu(), "weight_scale": q.scales.float().contiguous().cpu()}
         return {"weight": q.data.cpu(), "weight_scale": q.scales.float().reshape(1 if _per_tensor(q) else -1, 1).cpu()}
     integer = integer_form(q)
     offset = 1 << (integer.bits - 1)
@@ -81,7 +113,7 @@ def module_tensors(lw: LinearWeight, dtype: torch.dtype) -> dict[str, torch.Tens
 
 def scale_deviation(q: WeightTensor, dtype: torch.dtype) -> float:
     """Largest change to the weight from writing its scales in ``dtype`` (float8 scales stay float32)."""
-    return 0.0 if isinstance(q, Float8Tensor) else scale_cast_deviation(integer_form(q), dtype)
+    return 0.0 if isinstance(q, Float8Tensor) or type(q) in CODECS else scale_cast_deviation(integer_form(q), dtype)
 
 
 @EXPORTERS.register("compressed-tensors", "a compressed-tensors folder for vLLM and transformers: pack-quantized "
@@ -129,6 +161,7 @@ class CompressedTensorsExporter(Exporter):
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
                    "kv_cache_scheme": None, "version": compressed_tensors.__version__}
         result.files = write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
+        result.notes += sorted({codec.note for lw in linears if (codec := CODECS.get(type(lw.stored))) and codec.note})
         if any(not g["weights"]["symmetric"] and g["format"] == "pack-quantized" for g in groups.values()):
             result.notes.append("asymmetric pack-quantized groups: transformers with compressed-tensors "
                                 f"{compressed_tensors.__version__} loads them with "

@@ -24,8 +24,9 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -53,11 +54,30 @@ PERMUTES_QK = ("llama",)  # llama.cpp's converter reorders Q and K rows for thes
 NORM_PLUS_ONE = ("gemma3",)  # Gemma's RMSNorm multiplies by 1 + weight; llama.cpp stores 1 + weight
 # the file's general.file_type for its most common tensor type (llama.cpp's llama_ftype; a k-quant alone: its _S)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
-              "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
+              "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32, "MXFP4": 38}
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one stored form is written as ggml blocks: its ggml type (or why it has none) and its blocks, uint8
+    ``[out, in / block · block bytes]``."""
+
+    block_type: Callable[[WeightTensor], tuple[str | None, str]]
+    encode: Callable[[WeightTensor, str], np.ndarray]
+
+
+CODECS: dict[type[WeightTensor], Codec] = {}  # stored forms outside the built-in ones, by class
+
+
+def register_codec(form: type[WeightTensor], codec: Codec) -> None:
+    """Write ``form`` through ``codec`` (a stored form's folder registers its own)."""
+    CODECS[form] = codec
 
 
 def block_type(q: WeightTensor) -> tuple[str | None, str]:
     """``(ggml type, "")`` for a stored form that maps onto one, else ``(None, why)``."""
+    if type(q) in CODECS:
+        return CODECS[type(q)].block_type(q)
     if isinstance(q, GGMLBlockTensor):
         return q.ggml_type, ""
     if not isinstance(q, (QuantizedTensor, FloatZeroTensor)):
@@ -80,6 +100,8 @@ def _describe(q: WeightTensor) -> str:
 
 def encode_blocks(q: QuantizedTensor | FloatZeroTensor | GGMLBlockTensor, kind: str) -> np.ndarray:
     """The tensor's ggml blocks: uint8 ``[out, in / 32 · block bytes]``, laid out as ggml's ``block_<kind>``."""
+    if type(q) in CODECS:
+        return CODECS[type(q)].encode(q, kind)
     if isinstance(q, GGMLBlockTensor):
         return q.blocks.cpu().contiguous().numpy()
     out, n_in = q.shape

@@ -19,12 +19,16 @@ KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kern
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
+def library() -> ctypes.CDLL:
+    """The built ``fp8`` library (also multiplies MXFP8 weights, ``quant.forms.microscaling``)."""
     lib = native.load("fp8")
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.fp8_matmul.argtypes = [p, p, i, i, p, p, i, i, i]
     lib.fp8_dequantize.argtypes = [p, p, i, i, p, i, i, i, i]
+    lib.mxfp8_matmul.argtypes = [p, p, p, p, i, i, i]
+    lib.mxfp8_dequantize.argtypes = [p, p, p, i, i, i, i]
     lib.fp8_matmul.restype = lib.fp8_dequantize.restype = None
+    lib.mxfp8_matmul.restype = lib.mxfp8_dequantize.restype = None
     return lib
 
 
@@ -37,7 +41,7 @@ def fp8_matmul(x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor) -> tor
     x = x.contiguous()
     m, n_in = x.shape
     y = torch.empty(m, data.shape[0], dtype=torch.float32)
-    _library().fp8_matmul(data.data_ptr(), scales.data_ptr(), int(scales.shape[0] == 1), _kind(data), x.data_ptr(),
+    library().fp8_matmul(data.data_ptr(), scales.data_ptr(), int(scales.shape[0] == 1), _kind(data), x.data_ptr(),
                           y.data_ptr(), m, data.shape[0], n_in)
     return y
 
@@ -45,7 +49,7 @@ def fp8_matmul(x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor) -> tor
 def fp8_dequantize(data: torch.Tensor, scales: torch.Tensor, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
     """Rows ``[row0, row1)`` of the weight as ``dtype`` (float32 or bfloat16)."""
     out = torch.empty(row1 - row0, data.shape[1], dtype=dtype)
-    _library().fp8_dequantize(data.data_ptr(), scales.data_ptr(), int(scales.shape[0] == 1), _kind(data),
+    library().fp8_dequantize(data.data_ptr(), scales.data_ptr(), int(scales.shape[0] == 1), _kind(data),
                               out.data_ptr(), OUT_KINDS[dtype], row0, row1, data.shape[1])
     return out
 
@@ -76,11 +80,11 @@ class FP8CPUKernel(FusedRowsKernel):
     @classmethod
     def supports(cls, q: Float8Tensor, device: torch.device, dtype: torch.dtype) -> bool:
         return (device.type == "cpu" and dtype in OUT_KINDS and str(q.data.dtype).removeprefix("torch.") in KINDS
-                and q.scales.dtype == torch.float32)
+                and q.scales.dtype == torch.float32 and not q.block_size)
 
     def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
         super().__init__()
-        _library()  # build (or find) the C kernel now: a failure passes the choice on
+        library()  # build (or find) the C kernel now: a failure passes the choice on
         self.shape = q.shape
         self.register_buffer("data", q.data.contiguous())
         self.register_buffer("scales", q.scales.contiguous())
@@ -116,7 +120,7 @@ class FP8ScaledMMKernel(Kernel):
         return (device.type == "cuda" and hasattr(torch, "_scaled_mm") and dtype == torch.bfloat16
                 and torch.cuda.get_device_capability(device) >= (8, 9)
                 and q.data.dtype == getattr(torch, "float8_e4m3fn", None)
-                and q.shape[0] % 16 == 0 and q.shape[1] % 16 == 0)
+                and q.shape[0] % 16 == 0 and q.shape[1] % 16 == 0 and not q.block_size)
 
     def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
         super().__init__()

@@ -22,7 +22,8 @@ ABSMAX_F32, ABSMAX_DQ = 0, 1
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
+def library() -> ctypes.CDLL:
+    """The built ``lut4`` library (also multiplies the microscaling forms' e2m1 codes, ``quant.forms``)."""
     lib = native.load("lut4")
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.lut4_matmul.argtypes = [p, p, i, p, p, p, p, p, p, i, i, i, i]
@@ -54,7 +55,7 @@ def lut4_matmul(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, sca
     x = x.contiguous()
     m, n_in = x.shape
     y = torch.empty(m, packed.shape[0], dtype=torch.float32)
-    _library().lut4_matmul(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
+    library().lut4_matmul(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
                            _table(codebook).data_ptr(), x.data_ptr(), y.data_ptr(), m, packed.shape[0], n_in, block)
     return y
 
@@ -64,7 +65,7 @@ def lut4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Te
                     dtype: torch.dtype) -> torch.Tensor:
     """Rows ``[row0, row1)`` of the weight as ``dtype`` (float32 or bfloat16)."""
     out = torch.empty(row1 - row0, n_in, dtype=dtype)
-    _library().lut4_dequantize(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
+    library().lut4_dequantize(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
                                _table(codebook).data_ptr(), out.data_ptr(), OUT_KINDS[dtype], row0, row1, n_in, block)
     return out
 
@@ -95,7 +96,7 @@ class Lut4CPUKernel(FusedRowsKernel):
 
     def __init__(self, q: CodebookTensor, dtype: torch.dtype) -> None:
         super().__init__()
-        _library()  # build (or find) the C kernel now: a failure passes the choice on
+        library()  # build (or find) the C kernel now: a failure passes the choice on
         self.shape, self.codebook, self.block = q.shape, q.codebook, q.block_size
         self.bits, self.group_size = 4, q.block_size
         self.register_buffer("packed", q.packed.contiguous())

@@ -42,6 +42,7 @@ VARIANTS = {
     "per-module mix": {**Q4_0, "overrides": [{"modules": "*.down_proj", "format": Q8_0},
                                              {"modules": "*.v_proj", "format": Q4_1}]},
     **{f"gguf {t}": {"format": "gguf", "type": t} for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")},
+    "MXFP4": {"format": "mxfp4"},
     "gguf Q4_K with Q6_K down_proj": {"format": "gguf", "type": "Q4_K",
                                       "overrides": [{"modules": "*.down_proj", "format": "gguf", "type": "Q6_K"}]},
 }

@@ -68,5 +68,5 @@ def test_a_kernel_that_cannot_be_built_passes_the_choice_on(monkeypatch: pytest.
     def no_library():
         raise UnsupportedError("building the fp8 kernel failed")
 
-    monkeypatch.setattr(kernel_fp8, "_library", no_library)
+    monkeypatch.setattr(kernel_fp8, "library", no_library)
     assert isinstance(choose_kernel(quantize_fp8(_weight()), CPU, torch.bfloat16), DequantKernel)

@@ -74,5 +74,5 @@ def test_a_kernel_that_cannot_be_built_passes_the_choice_on(monkeypatch: pytest.
     def no_library():
         raise UnsupportedError("building the lut4 kernel failed")
 
-    monkeypatch.setattr(kernel_lut4, "_library", no_library)
+    monkeypatch.setattr(kernel_lut4, "library", no_library)
     assert isinstance(choose_kernel(quantize_codebook(_weight(), "nf4", 64), CPU, torch.bfloat16), DequantKernel)

@@ -1,0 +1,11 @@
+"""The microscaling forms as activation roundings (``activations: nvfp4 | mxfp4 | mxfp8``): each token's features
+rounded as a weight row is, with dynamic scales (NVFP4's global scale from the tensor's own maximum)."""
+from __future__ import annotations
+
+from ...activations import register_rounding
+from .quantize import quantize_mx, quantize_nvfp4
+from .tensor import MX_BLOCK, NVFP4_BLOCK
+
+register_rounding("nvfp4", lambda rows: quantize_nvfp4(rows).dequantize(), NVFP4_BLOCK)
+register_rounding("mxfp4", lambda rows: quantize_mx(rows, "e2m1").dequantize(), MX_BLOCK)
+register_rounding("mxfp8", lambda rows: quantize_mx(rows, "e4m3").dequantize(), MX_BLOCK)

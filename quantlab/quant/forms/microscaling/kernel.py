@@ -1,0 +1,176 @@
+"""The microscaling forms on CPU. The e2m1 forms (MXFP4, NVFP4): their codes multiplied as stored through the 16 e2m1 values in registers,
+each block's scale decoded in the kernel (an e8m0 exponent byte, or an e4m3 byte over the global scale), so the
+bytes held and read are the form's (``native/lut4.c``, shared with the 4-bit codebooks). Decode steps' few rows go
+through the fused product; longer inputs dequantize a block of rows at a time for the dense matmul. Both are torch
+ops, so the path runs inside ``torch.compile``. MXFP8: its e4m3 codes widened in registers as the fp8 kernel
+widens them, each block of 32 scaled by its e8m0 exponent (``native/fp8.c``)."""
+from __future__ import annotations
+
+import functools
+from typing import ClassVar
+
+import torch
+
+from ....native.ops import native_op, register_fake
+from ...kernels import fp8 as fp8_kernels
+from ...kernels import lut4 as lut4_kernels
+from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
+from .tensor import MXTensor, NVFP4Tensor, e2m1_table
+
+SCALE_E8M0, SCALE_E4M3 = 2, 3  # the scale kinds of native/lut4.c
+
+
+@functools.cache
+def _e2m1() -> torch.Tensor:
+    return e2m1_table().contiguous()
+
+
+@functools.cache
+def _e4m3() -> torch.Tensor:
+    """The 256 e4m3 bytes as float32 (NaN bytes decode to NaN)."""
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().contiguous()
+
+
+def _scales(global_scale: torch.Tensor | None) -> tuple[int, int | None]:
+    return (SCALE_E8M0, None) if global_scale is None else (SCALE_E4M3, global_scale.data_ptr())
+
+
+def e2m1_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | None,
+                block: int) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the e2m1 weight ``[out, in]``, transposed: ``[M, out]`` float32."""
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, codes.shape[0], dtype=torch.float32)
+    kind, gs = _scales(global_scale)
+    lut4_kernels.library().lut4_matmul(codes.data_ptr(), scales.data_ptr(), kind, gs, None, _e4m3().data_ptr(),
+                          _e2m1().data_ptr(), x.data_ptr(), y.data_ptr(), m, codes.shape[0], n_in, block)
+    return y
+
+
+def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | None, block: int,
+                    row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the weight as ``dtype`` (float32 or bfloat16)."""
+    n_in = codes.shape[1] * 2
+    out = torch.empty(row1 - row0, n_in, dtype=dtype)
+    kind, gs = _scales(global_scale)
+    lut4_kernels.library().lut4_dequantize(codes.data_ptr(), scales.data_ptr(), kind, gs, None, _e4m3().data_ptr(),
+                              _e2m1().data_ptr(), out.data_ptr(), OUT_KINDS[dtype], row0, row1, n_in, block)
+    return out
+
+
+matmul_op = native_op("e2m1_matmul", e2m1_matmul)
+dequantize_op = native_op("e2m1_dequantize", e2m1_dequantize)
+
+
+@register_fake(matmul_op)
+def _(x, codes, scales, global_scale, block):
+    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
+
+
+@register_fake(dequantize_op)
+def _(codes, scales, global_scale, block, row0, row1, dtype):
+    return codes.new_empty(row1 - row0, codes.shape[1] * 2, dtype=dtype)
+
+
+@KERNELS.register
+class E2M1CPUKernel(FusedRowsKernel):
+    """MXFP4 or NVFP4 codes and scales as stored; fused C matmul through the e2m1 table for decode steps, C
+    dequantization of row blocks for longer inputs."""
+
+    path = "e2m1_lut_cpu"
+    preference = 56
+    tensor_type: ClassVar[tuple[type, ...]] = (MXTensor, NVFP4Tensor)
+
+    def __init__(self, q: MXTensor | NVFP4Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        lut4_kernels.library()  # build (or find) the C kernel now: a failure passes the choice on
+        self.shape, self.block, self._form = q.shape, q.group_size, type(q)
+        self.register_buffer("codes", q.codes.contiguous())
+        self.register_buffer("scales", q.scales.contiguous().view(torch.uint8))
+        self.register_buffer("global_scale", getattr(q, "global_scale", None))
+
+    @classmethod
+    def supports(cls, q: MXTensor | NVFP4Tensor, device: torch.device, dtype: torch.dtype) -> bool:
+        e2m1 = isinstance(q, NVFP4Tensor) or getattr(q, "element", None) == "e2m1"
+        return device.type == "cpu" and dtype in OUT_KINDS and e2m1 and q.shape[1] % 32 == 0
+
+    def stored(self) -> MXTensor | NVFP4Tensor:
+        if self._form is NVFP4Tensor:
+            return NVFP4Tensor(self.codes, self.scales.view(torch.float8_e4m3fn), self.global_scale, self.shape)
+        return MXTensor(self.codes, self.scales, self.shape, "e2m1")
+
+    def analytic_nbytes(self) -> int:
+        return self.stored().layout_nbytes()
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(e2m1_matmul, matmul_op)(x, self.codes, self.scales, self.global_scale, self.block)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(e2m1_dequantize, dequantize_op)(self.codes, self.scales, self.global_scale, self.block, row0,
+                                                      row1, dtype)
+
+
+def mxfp8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the MXFP8 weight ``[out, in]``, transposed: ``[M, out]`` float32."""
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, codes.shape[0], dtype=torch.float32)
+    fp8_kernels.library().mxfp8_matmul(codes.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), m,
+                                       codes.shape[0], n_in)
+    return y
+
+
+def mxfp8_dequantize(codes: torch.Tensor, scales: torch.Tensor, row0: int, row1: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the MXFP8 weight as ``dtype`` (float32 or bfloat16)."""
+    out = torch.empty(row1 - row0, codes.shape[1], dtype=dtype)
+    fp8_kernels.library().mxfp8_dequantize(codes.data_ptr(), scales.data_ptr(), out.data_ptr(), OUT_KINDS[dtype],
+                                           row0, row1, codes.shape[1])
+    return out
+
+
+mxfp8_matmul_op = native_op("mxfp8_matmul", mxfp8_matmul)
+mxfp8_dequantize_op = native_op("mxfp8_dequantize", mxfp8_dequantize)
+
+
+@register_fake(mxfp8_matmul_op)
+def _(x, codes, scales):
+    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
+
+
+@register_fake(mxfp8_dequantize_op)
+def _(codes, scales, row0, row1, dtype):
+    return codes.new_empty(row1 - row0, codes.shape[1], dtype=dtype)
+
+
+@KERNELS.register
+class MXFP8CPUKernel(FusedRowsKernel):
+    """MXFP8 codes and e8m0 scales as stored; fused C matmul for decode steps, C dequantization of row blocks for
+    longer inputs."""
+
+    path = "mxfp8_cpu"
+    preference = 61
+    tensor_type: ClassVar[type] = MXTensor
+
+    def __init__(self, q: MXTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        fp8_kernels.library()  # build (or find) the C kernel now: a failure passes the choice on
+        self.shape = q.shape
+        self.register_buffer("codes", q.codes.contiguous().view(torch.uint8))
+        self.register_buffer("scales", q.scales.contiguous())
+
+    @classmethod
+    def supports(cls, q: MXTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and dtype in OUT_KINDS and q.element == "e4m3" and q.shape[1] % 32 == 0
+
+    def stored(self) -> MXTensor:
+        return MXTensor(self.codes.view(torch.float8_e4m3fn), self.scales, self.shape, "e4m3")
+
+    def analytic_nbytes(self) -> int:
+        return MXTensor.analytic_nbytes(self.shape, "e4m3")
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(mxfp8_matmul, mxfp8_matmul_op)(x, self.codes, self.scales)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(mxfp8_dequantize, mxfp8_dequantize_op)(self.codes, self.scales, row0, row1, dtype)

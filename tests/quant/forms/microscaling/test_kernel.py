@@ -1,0 +1,48 @@
+"""The microscaling CPU kernels (e2m1 through a table, MXFP8 widened in registers): the stored codes and scales multiplied as held, equal to dequantize-then-matmul, chosen by
+``auto``, holding the form's bytes, and running inside ``torch.compile``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantlab.quant.forms.microscaling import quantize_mx, quantize_nvfp4
+from quantlab.quant.forms.microscaling.kernel import E2M1CPUKernel, MXFP8CPUKernel
+from quantlab.quant.kernels.base import DequantKernel, choose_kernel
+from quantlab.quant.tensors.float8 import quantize_fp8
+
+CPU = torch.device("cpu")
+FORMS = {"mxfp4": lambda w: quantize_mx(w, "e2m1"), "nvfp4": quantize_nvfp4, "mxfp8": lambda w: quantize_mx(w, "e4m3")}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("rows", [1, 3, 5, 40])
+def test_the_kernel_equals_dequantize_then_matmul(form: str, rows: int) -> None:
+    w = torch.distributions.StudentT(3.0).sample((96, 320)) * 0.02
+    q = FORMS[form](w)
+    kernel = choose_kernel(q, CPU, torch.float32)
+    assert isinstance(kernel, MXFP8CPUKernel if form == "mxfp8" else E2M1CPUKernel)
+    x = torch.randn(rows, 320)
+    ref = x @ q.dequantize().T
+    assert torch.allclose(kernel(x), ref, rtol=1e-4, atol=1e-4)
+    assert torch.equal(kernel.dequantize(), q.dequantize())  # the C decoding, bit for bit
+    assert kernel.analytic_nbytes() == q.layout_nbytes() == sum(b.numel() * b.element_size() for b in kernel.buffers())
+    back = kernel.stored()
+    assert type(back) is type(q) and torch.equal(back.dequantize(), q.dequantize())
+
+
+def test_bfloat16_rows_and_a_block_fp8_weight_takes_dequantize_then_matmul() -> None:
+    w = torch.randn(64, 128)
+    kernel = choose_kernel(quantize_nvfp4(w), CPU, torch.bfloat16)
+    x = torch.randn(20, 128, dtype=torch.bfloat16)
+    y, ref = kernel(x), x.float() @ quantize_nvfp4(w).dequantize().T
+    assert y.dtype == torch.bfloat16
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2  # bf16's rounding of the activations and output
+    assert isinstance(choose_kernel(quantize_fp8(w, block_size=32), CPU, torch.float32), DequantKernel)
+
+
+def test_the_kernel_runs_inside_torch_compile() -> None:
+    q = quantize_mx(torch.randn(64, 128), "e2m1")
+    kernel = choose_kernel(q, CPU, torch.float32)
+    x = torch.randn(1, 128)
+    compiled = torch.compile(kernel, fullgraph=True)
+    assert torch.allclose(compiled(x), kernel(x), rtol=1e-5, atol=1e-5)
