@@ -76,6 +76,11 @@ FORMATS = {
     "gguf-q6_k": ("gguf", {"type": "Q6_K", **BF16}),
     "gguf-q8_0": ("gguf", {"type": "Q8_0", **BF16}),
     "gguf-q3_k": ("gguf", {"type": "Q3_K", **BF16}),
+    "mxfp4": ("mxfp4", BF16),  # e2m1 codes through a table, e8m0 scales (e2m1_lut_cpu)
+    "nvfp4": ("nvfp4", BF16),  # e2m1 codes, e4m3 scales over a global one (e2m1_lut_cpu)
+    "mxfp8": ("mxfp8", BF16),  # e4m3 codes widened in registers, e8m0 scales (mxfp8_cpu)
+    "fp8-b128": ("fp8", {"block_size": 128, **BF16}),  # a scale per 128x128 tile (fp8_block_cpu)
+    "nvfp4-a4": ("nvfp4", {"activations": "nvfp4", **BF16}),  # W4A4: the activations' rounding emulated
 }
 DEFAULT_FORMATS = ["bf16", "int8", "int4-g128", "int4-g128-dequant"]
 

@@ -3,22 +3,63 @@
 Each layer keeps the most recent ``residual_tokens`` positions in the model's dtype and moves
 older ones, once, into stored chunks (never re-quantized): integer codes packed with per-group
 scales and zero points along the head dimension (``token`` axis) or along blocks of
-``group_size`` positions per channel (``channel`` axis, as KIVI does for keys), or a plain cast to
-a smaller float dtype. Attention sees the dequantized history followed by the residual.
+``group_size`` positions per channel (``channel`` axis, as KIVI does for keys), a plain cast to
+a smaller float dtype, or a microscaling form per position and head (NVFP4, MXFP4, MXFP8). With
+``rotate``, each head's vector is multiplied by a Walsh-Hadamard matrix in blocks of 64 before it is
+stored and by it again when read (the matrix is orthonormal and symmetric, so it is its own inverse), as
+llama.cpp rotates quantized K and V caches: an outlier channel is spread over its block before rounding.
+Attention sees the dequantized history followed by the residual.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Callable, Literal, Protocol
 
 import torch
 
+from ..quant.forms.microscaling import MXTensor, NVFP4Tensor, quantize_mx, quantize_nvfp4
 from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]
 FP16_TINY = torch.finfo(torch.float16).tiny
+ROTATION_BLOCK = 64  # llama.cpp rotates heads whose size is a multiple of 64, in blocks of 64
+ELEMENTS = {"nvfp4": ("e2m1", 16), "mxfp4": ("e2m1", 32), "mxfp8": ("e4m3", 32)}  # element, block of a head
+
+
+@functools.cache
+def _hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix of size ``n`` (a power of two): symmetric, its own inverse."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """``x [..., d]`` (``d`` a multiple of 64) times the block-diagonal Walsh-Hadamard matrix, in float32; applied
+    twice it gives ``x`` back."""
+    d = x.shape[-1]
+    h = _hadamard(ROTATION_BLOCK).to(x.device)
+    return (x.float().reshape(*x.shape[:-1], d // ROTATION_BLOCK, ROTATION_BLOCK) @ h).reshape(x.shape)
+
+
+def encode_element(x: torch.Tensor, element: str) -> MXTensor | NVFP4Tensor:
+    """``x [rows, d]`` in a microscaling form per row: NVFP4 with its global scale fixed at 1 (single-level, the
+    e4m3 block scales alone: a cache has no tensor-wide maximum to take one from as positions arrive), or MX."""
+    if element == "nvfp4":
+        return quantize_nvfp4(x.float(), global_scale=torch.ones(1, device=x.device))
+    return quantize_mx(x.float(), ELEMENTS[element][0])
+
+
+def element_nbytes(rows: int, d: int, element: str) -> int:
+    """Bytes of ``rows`` heads of ``d`` stored in ``element`` (codes and block scales; NVFP4's fixed global scale
+    is not stored)."""
+    kind, block = ELEMENTS[element]
+    return rows * (d * (4 if kind == "e2m1" else 8) // 8 + d // block)
 
 
 class Chunk(Protocol):
@@ -119,14 +160,83 @@ class CastChunk:
         return x if self.scale is None else x * self.scale.to(dtype)
 
 
+@dataclass
+class ElementChunk:
+    """``[B, H, t, D]`` states in a microscaling form, one row per position and head."""
+
+    q: MXTensor | NVFP4Tensor
+    shape: tuple[int, int, int, int]
+
+    @property
+    def tokens(self) -> int:
+        return self.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.codes.numel() * self.q.codes.element_size() + self.q.scales.numel() * self.q.scales.element_size()
+
+    def _rows(self, pick: Callable[[torch.Tensor], torch.Tensor], t: int) -> "ElementChunk":
+        b, h, _, d = self.shape
+        q = dataclasses.replace(self.q, codes=pick(self.q.codes), scales=pick(self.q.scales), shape=(b * h * t, d))
+        return ElementChunk(q, (b, h, t, d))
+
+    def merged(self, other: "Chunk") -> "ElementChunk | None":
+        if not isinstance(other, ElementChunk) or type(other.q) is not type(self.q):
+            return None
+        b, h, t1, d = self.shape
+        t2 = other.shape[2]
+
+        def cat(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x.reshape(b, h, t1, -1), y.reshape(b, h, t2, -1)], dim=2).reshape(b * h * (t1 + t2), -1)
+
+        q = dataclasses.replace(self.q, codes=cat(self.q.codes, other.q.codes), scales=cat(self.q.scales, other.q.scales),
+                                shape=(b * h * (t1 + t2), d))
+        return ElementChunk(q, (b, h, t1 + t2, d))
+
+    def drop_first(self, n: int) -> "ElementChunk":
+        b, h, t, d = self.shape
+        return self._rows(lambda x: x.reshape(b, h, t, -1)[:, :, n:].reshape(b * h * (t - n), -1).contiguous(), t - n)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.q.dequantize(torch.float32).reshape(self.shape).to(dtype)
+
+
+@dataclass
+class RotatedChunk:
+    """A chunk stored from Hadamard-rotated states: read back, rotated again (the rotation is its own inverse)."""
+
+    inner: Chunk
+
+    @property
+    def tokens(self) -> int:
+        return self.inner.tokens
+
+    @property
+    def nbytes(self) -> int:
+        return self.inner.nbytes
+
+    def merged(self, other: "Chunk") -> "RotatedChunk | None":
+        joined = self.inner.merged(other.inner) if isinstance(other, RotatedChunk) else None
+        return None if joined is None else RotatedChunk(joined)
+
+    def drop_first(self, n: int) -> "RotatedChunk | None":
+        kept = self.inner.drop_first(n)
+        return None if kept is None else RotatedChunk(kept)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return hadamard_rotate(self.inner.dequantize(torch.float32)).to(dtype)
+
+
 @dataclass(frozen=True)
 class Codec:
     """How positions leaving the residual window are stored."""
 
-    bits: int | None = None  # None: a float cast to ``dtype``
+    bits: int | None = None  # None: a float cast to ``dtype`` (or, with ``element``, a microscaling form)
     axis: Axis = "token"
     group_size: int = 64
     dtype: torch.dtype | None = None
+    element: str | None = None  # nvfp4 | mxfp4 | mxfp8: one row per position and head in that form
+    rotate: bool = False  # a Walsh-Hadamard rotation of each head (blocks of 64) before storing, undone on read
 
     @property
     def block(self) -> int:
@@ -134,7 +244,11 @@ class Codec:
         return self.group_size if self.bits is not None and self.axis == "channel" else 1
 
     def encode(self, x: torch.Tensor) -> Chunk:
+        if self.rotate:
+            return RotatedChunk(dataclasses.replace(self, rotate=False).encode(hadamard_rotate(x)))
         b, h, t, d = x.shape
+        if self.element is not None:
+            return ElementChunk(encode_element(x.reshape(b * h * t, d), self.element), (b, h, t, d))
         if self.bits is None:
             if self.dtype == torch.float8_e4m3fn:
                 # at least float16's smallest normal: a zero (a padding token's keys) or tiny row stays finite
@@ -153,6 +267,8 @@ class Codec:
         """Bytes of ``t`` stored positions, from the format alone (matches ``encode``)."""
         if t == 0:
             return 0
+        if self.element is not None:
+            return element_nbytes(b * h * t, d, self.element)
         if self.bits is None:
             size = self.dtype.itemsize
             return b * h * t * d * size + (b * h * t * 2 if self.dtype == torch.float8_e4m3fn else 0)

@@ -22,6 +22,25 @@ class PackedKVFormat(KVFormat):
     """Shared cache building and byte counting of formats stored through ``PackedKVLayer``."""
 
     dequantizes_on_read: ClassVar[bool] = True
+    rotate: Literal["none", "hadamard"] = Field("none", description="hadamard: each head's keys and values times a "
+                                                "Walsh-Hadamard matrix (blocks of 64) before they are stored, undone "
+                                                "when read, as llama.cpp rotates quantized caches")
+
+    @property
+    def rotation_label(self) -> str:
+        return "-rot" if self.rotate == "hadamard" else ""
+
+    def rotation_problem(self, config: PretrainedConfig) -> str | None:
+        """Why ``rotate`` cannot apply to this model's heads, or None."""
+        from .packed import ROTATION_BLOCK
+
+        head_dim = attention_shape(config)[2]
+        if self.rotate == "hadamard" and head_dim % ROTATION_BLOCK:
+            return f"rotate: hadamard needs a head dimension that is a multiple of {ROTATION_BLOCK}, got {head_dim}"
+        return None
+
+    def check(self, config: PretrainedConfig) -> str | None:
+        return self.rotation_problem(config)
 
     def codecs(self) -> tuple[Codec, Codec, int]:
         raise NotImplementedError
@@ -98,16 +117,18 @@ class KVCast(PackedKVFormat):
     def _supported(self) -> "KVCast":
         if CAST_DTYPES[self.dtype] is None:
             raise ValueError(f"this torch has no {self.dtype}")
+        if self.rotate != "none" and self.dtype != "float8_e4m3fn":
+            raise ValueError(f"rotate is for quantized caches; {self.dtype} keeps keys and values as they are")
         return self
 
     @property
     def label(self) -> str:
-        return SHORT[self.dtype]
+        return SHORT[self.dtype] + self.rotation_label
 
     def codecs(self) -> tuple[Codec, Codec, int]:
         from .packed import Codec
 
-        codec = Codec(dtype=CAST_DTYPES[self.dtype])
+        codec = Codec(dtype=CAST_DTYPES[self.dtype], rotate=self.rotate == "hadamard")
         return codec, codec, 0
 
 
@@ -128,19 +149,20 @@ class KVInt(PackedKVFormat):
     @property
     def label(self) -> str:
         keys = "kc" if self.key_axis == "channel" else "g"
-        return f"int{self.bits}-{keys}{self.group_size}-r{self.residual_tokens}"
+        return f"int{self.bits}-{keys}{self.group_size}-r{self.residual_tokens}{self.rotation_label}"
 
     def check(self, config: PretrainedConfig) -> str | None:
         head_dim = attention_shape(config)[2]
         if head_dim % self.group_size:  # values (and token-axis keys) group along the head dimension
             return f"group_size {self.group_size} does not divide the head dimension {head_dim}"
-        return None
+        return self.rotation_problem(config)
 
     def codecs(self) -> tuple[Codec, Codec, int]:
         from .packed import Codec
 
-        key = Codec(bits=self.bits, axis=self.key_axis, group_size=self.group_size)
-        value = Codec(bits=self.bits, axis="token", group_size=self.group_size)
+        rotate = self.rotate == "hadamard"
+        key = Codec(bits=self.bits, axis=self.key_axis, group_size=self.group_size, rotate=rotate)
+        value = Codec(bits=self.bits, axis="token", group_size=self.group_size, rotate=rotate)
         return key, value, self.residual_tokens
 
 

@@ -18,13 +18,16 @@ per channel, KIVI).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..errors import UnsupportedError
+from ..quant.forms.microscaling import MXTensor, NVFP4Tensor
 from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .code_attention import reads_codes
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
-from .packed import Codec
+from .packed import ELEMENTS, Codec, encode_element, hadamard_rotate
 
 
 def global_capacity(length: int, residual: int, block: int) -> tuple[int, int]:
@@ -56,7 +59,11 @@ class CodeStore:
 
     def __init__(self, codec: Codec, b: int, h: int, slots: int, d: int, device: torch.device) -> None:
         self.codec, self.shape, self.slots = codec, (b, h, d), slots
-        if codec.bits is None:
+        if codec.element is not None:
+            rows = self._encode(torch.zeros(b, h, 1, d, device=device))
+            self.tensors = {name: torch.zeros(b, h, slots, t.shape[-1], dtype=t.dtype, device=device)
+                            for name, t in rows.items()}
+        elif codec.bits is None:
             fp8 = codec.dtype == torch.float8_e4m3fn  # held as its bytes: CPU index_copy_ has no float8
             self.tensors = {"data": torch.zeros(b, h, slots, d, dtype=torch.uint8 if fp8 else codec.dtype,
                                                 device=device)}
@@ -82,8 +89,15 @@ class CodeStore:
         """``x [b, h, n, d]`` in stored form: per position (token axis: ``[b, h, n, ·]``) or per block
         (channel axis: ``[n / block, b·h·d, ·]``)."""
         codec = self.codec
+        if codec.rotate:
+            x = hadamard_rotate(x)
+        if codec.element is not None:
+            b, h, n, d = x.shape
+            q = encode_element(x.reshape(b * h * n, d), codec.element)
+            return {"codes": q.codes.view(torch.uint8).reshape(b, h, n, -1),
+                    "scales": q.scales.view(torch.uint8).reshape(b, h, n, -1)}
         if codec.bits is None:
-            chunk = codec.encode(x)
+            chunk = dataclasses.replace(codec, rotate=False).encode(x)
             if chunk.scale is None:
                 return {"data": chunk.data}
             return {"data": chunk.data.view(torch.uint8), "scale": chunk.scale}
@@ -97,7 +111,24 @@ class CodeStore:
         return {name: getattr(q, name).reshape(blocks, b * h * d, -1) for name in ("packed", "scales", "zeros")}
 
     def _decode(self, t: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        if not self.codec.rotate:
+            return self._decode_stored(t, dtype)
+        return hadamard_rotate(self._decode_stored(t, torch.float32)).to(dtype)
+
+    def _decode_stored(self, t: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         codec = self.codec
+        if codec.element is not None:
+            b, h, d = self.shape
+            n = t["codes"].shape[2]
+            codes, scales = t["codes"].reshape(b * h * n, -1), t["scales"].reshape(b * h * n, -1)
+            if codec.element == "nvfp4":
+                q = NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), torch.ones(1, device=codes.device),
+                                (b * h * n, d))
+            else:
+                element = ELEMENTS[codec.element][0]
+                q = MXTensor(codes if element == "e2m1" else codes.view(torch.float8_e4m3fn), scales, (b * h * n, d),
+                             element)
+            return q.dequantize(torch.float32).reshape(b, h, n, d).to(dtype)
         if codec.bits is None:
             if "scale" not in t:
                 return t["data"].to(dtype)
@@ -117,7 +148,7 @@ class CodeStore:
 
     def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` as this store would give it back (stored, then read); a codec of no dtype keeps it as it is."""
-        if self.codec.bits is None and self.codec.dtype is None:
+        if self.codec.bits is None and self.codec.dtype is None and self.codec.element is None:
             return x
         return self._decode(self._encode(x), x.dtype)
 

@@ -16,7 +16,7 @@ CASES = [("int", dict(bits=4, group_size=16, residual_tokens=4)), ("int", dict(b
          ("int", dict(bits=3, key_axis="channel", group_size=8, residual_tokens=0)), ("fp8", {}), ("bf16", {}),
          ("int", dict(bits=4, group_size=16, residual_tokens=40)),
          ("int", dict(bits=4, group_size=16, residual_tokens=10)),  # a residual wider than the window of 8
-         ("native", {})]
+         ("native", {}), ("nvfp4", dict(residual_tokens=4)), ("mxfp4", {}), ("mxfp8", dict(residual_tokens=10))]
 PROMPT, STEPS = 13, 12
 
 

@@ -182,3 +182,88 @@ void mxfp8_dequantize(const uint8_t* w, const uint8_t* scales, void* out, int ou
         }
     }
 }
+
+/* Block-scaled FP8 (quantlab.quant.tensors.float8, block_size b): e4m3 codes with one float32 scale per b x b tile,
+   [ceil(N / b), ceil(K / b)] row-major; the last tile of a row or column may be partial. K a multiple of 16. */
+#ifdef FP8_SIMD
+static inline __attribute__((always_inline)) void tile_rows_simd(const uint8_t* w, const float* scales, int b,
+                                                                 const float* x, float* y, int R, int N, int K) {
+    int tiles = (K + b - 1) / b;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * K;
+        const float* s_row = scales + (size_t)(n / b) * tiles;
+        __m256 total[4];
+        for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
+        for (int g = 0; g < tiles; g++) {
+            int end = (g + 1) * b < K ? (g + 1) * b : K;
+            __m256 acc[4];
+            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+            for (int k = g * b; k < end; k += 16) {
+                __m256 v0 = widen8(row + k, E4M3), v1 = widen8(row + k + 8, E4M3);
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + k;
+                    acc[r] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xb + 8), _mm256_fmadd_ps(v0, _mm256_loadu_ps(xb), acc[r]));
+                }
+            }
+            __m256 s = _mm256_set1_ps(256.0f * s_row[g]);
+            for (int r = 0; r < R; r++) total[r] = _mm256_fmadd_ps(s, acc[r], total[r]);
+        }
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]);
+    }
+}
+#endif
+
+static void tile_rows_scalar(const uint8_t* w, const float* scales, int b, const float* x, float* y, int R, int N,
+                             int K) {
+    int tiles = (K + b - 1) / b;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t* row = w + (size_t)n * K;
+        for (int r = 0; r < R; r++) {
+            float total = 0;
+            for (int g = 0; g < tiles; g++) {
+                int end = (g + 1) * b < K ? (g + 1) * b : K;
+                float acc = 0;
+                for (int k = g * b; k < end; k++) acc += decode(row[k], E4M3) * x[(size_t)r * K + k];
+                total += scales[(size_t)(n / b) * tiles + g] * acc;
+            }
+            y[(size_t)r * N + n] = total;
+        }
+    }
+}
+
+/* y [M, N] = x [M, K] @ W^T for a block-scaled e4m3 weight, a few rows of x at a time. */
+void fp8_block_matmul(const uint8_t* w, const float* scales, int b, const float* x, float* y, int M, int N, int K) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int R = M - m0 < 4 ? M - m0 : 4;
+        const float* xr = x + (size_t)m0 * K;
+        float* yr = y + (size_t)m0 * N;
+#ifdef FP8_SIMD
+        switch (R) {
+            case 1: tile_rows_simd(w, scales, b, xr, yr, 1, N, K); break;
+            case 2: tile_rows_simd(w, scales, b, xr, yr, 2, N, K); break;
+            case 3: tile_rows_simd(w, scales, b, xr, yr, 3, N, K); break;
+            default: tile_rows_simd(w, scales, b, xr, yr, 4, N, K);
+        }
+#else
+        tile_rows_scalar(w, scales, b, xr, yr, R, N, K);
+#endif
+    }
+}
+
+/* Rows [row0, row1) of a block-scaled e4m3 weight as float32 (out_kind 0) or bfloat16 (out_kind 2). */
+void fp8_block_dequantize(const uint8_t* w, const float* scales, int b, void* out, int out_kind, int row0, int row1,
+                          int K) {
+    int tiles = (K + b - 1) / b;
+    #pragma omp parallel for schedule(static)
+    for (int n = row0; n < row1; n++) {
+        const uint8_t* row = w + (size_t)n * K;
+        size_t o = (size_t)(n - row0) * K;
+        for (int k = 0; k < K; k++) {
+            float v = decode(row[k], E4M3) * scales[(size_t)(n / b) * tiles + k / b];
+            if (out_kind == BF16) ((uint16_t*)out)[o + k] = float_to_bf16(v);
+            else ((float*)out)[o + k] = v;
+        }
+    }
+}

@@ -28,22 +28,22 @@ class FP8Format(QuantizedWeightFormat):
     kind: Literal["e4m3", "e5m2"] = Field("e4m3", description="e4m3 (more precision) or e5m2 (more range)")
     per_tensor: bool = Field(False, description="one scale for the whole weight instead of one per output channel")
     block_size: int | None = Field(None, gt=0, description="one scale per block_size x block_size tile of the "
-                                   "weight (128: DeepSeek-V3's and compressed-tensors' FP8_BLOCK); dequantize+matmul")
+                                   "weight (128: DeepSeek-V3's and compressed-tensors' FP8_BLOCK; kernel fp8_block_cpu on CPU)")
     activations: ActivationFormat | None = Field(None, description="round each quantized linear's input too (W8A8): "
                                                  "fp8 (per token, or {format: fp8, group_size: 128}) or another "
                                                  "format; emulated on CPU; null: weight-only")
-    kernel: Literal["auto", "fp8_cpu", "dequantize+matmul", "fp8_scaled_mm_cuda"] = Field(
+    kernel: Literal["auto", "fp8_cpu", "fp8_block_cpu", "dequantize+matmul", "fp8_scaled_mm_cuda"] = Field(
         "auto", description="fp8_scaled_mm_cuda: torch._scaled_mm with activations cast to e4m3 per row (CUDA, "
-        "compute capability 8.9+, bf16); auto: fp8_cpu on CPU (the stored bytes, weight only), else "
+        "compute capability 8.9+, bf16); auto: fp8_cpu (fp8_block_cpu for blocks) on CPU (the stored bytes, weight only), else "
         "dequantize+matmul")
 
     @model_validator(mode="after")
     def _block(self) -> "FP8Format":
         if self.block_size and self.per_tensor:
             raise ValueError("block_size excludes per_tensor: true; drop one")
-        if self.block_size and self.kernel not in ("auto", "dequantize+matmul"):
+        if self.block_size and self.kernel not in ("auto", "dequantize+matmul", "fp8_block_cpu"):
             raise ValueError(f"kernel {self.kernel} takes a scale per channel or tensor; block_size runs on "
-                             "dequantize+matmul (auto)")
+                             "fp8_block_cpu or dequantize+matmul")
         return self
 
     @property

@@ -29,6 +29,9 @@ def library() -> ctypes.CDLL:
     lib.mxfp8_dequantize.argtypes = [p, p, p, i, i, i, i]
     lib.fp8_matmul.restype = lib.fp8_dequantize.restype = None
     lib.mxfp8_matmul.restype = lib.mxfp8_dequantize.restype = None
+    lib.fp8_block_matmul.argtypes = [p, p, i, p, p, i, i, i]
+    lib.fp8_block_dequantize.argtypes = [p, p, i, p, i, i, i, i]
+    lib.fp8_block_matmul.restype = lib.fp8_block_dequantize.restype = None
     return lib
 
 
@@ -100,6 +103,73 @@ class FP8CPUKernel(FusedRowsKernel):
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
         return traced(fp8_dequantize, dequantize_op)(self.data, self.scales, row0, row1, dtype)
+
+
+def fp8_block_matmul(x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the block-scaled e4m3 weight ``[out, in]``, transposed."""
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, data.shape[0], dtype=torch.float32)
+    library().fp8_block_matmul(data.data_ptr(), scales.data_ptr(), block, x.data_ptr(), y.data_ptr(), m,
+                               data.shape[0], n_in)
+    return y
+
+
+def fp8_block_dequantize(data: torch.Tensor, scales: torch.Tensor, block: int, row0: int, row1: int,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the block-scaled weight as ``dtype`` (float32 or bfloat16)."""
+    out = torch.empty(row1 - row0, data.shape[1], dtype=dtype)
+    library().fp8_block_dequantize(data.data_ptr(), scales.data_ptr(), block, out.data_ptr(), OUT_KINDS[dtype], row0,
+                                   row1, data.shape[1])
+    return out
+
+
+block_matmul_op = native_op("fp8_block_matmul", fp8_block_matmul)
+block_dequantize_op = native_op("fp8_block_dequantize", fp8_block_dequantize)
+
+
+@register_fake(block_matmul_op)
+def _(x, data, scales, block):
+    return x.new_empty(x.shape[0], data.shape[0], dtype=torch.float32)
+
+
+@register_fake(block_dequantize_op)
+def _(data, scales, block, row0, row1, dtype):
+    return data.new_empty(row1 - row0, data.shape[1], dtype=dtype)
+
+
+@KERNELS.register
+class FP8BlockCPUKernel(FusedRowsKernel):
+    """Block-scaled e4m3 codes (a float32 scale per square tile) as stored; fused C matmul for decode steps (codes
+    widened in registers, each tile's sum scaled once), C dequantization of row blocks for longer inputs."""
+
+    path = "fp8_block_cpu"
+    preference = 62
+    tensor_type: ClassVar[type] = Float8Tensor
+
+    @classmethod
+    def supports(cls, q: Float8Tensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return (device.type == "cpu" and dtype in OUT_KINDS and bool(q.block_size) and q.shape[1] % 16 == 0
+                and q.block_size % 16 == 0 and q.data.dtype == torch.float8_e4m3fn and q.scales.dtype == torch.float32)
+
+    def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        library()  # build (or find) the C kernel now: a failure passes the choice on
+        self.shape, self.block = q.shape, q.block_size
+        self.register_buffer("data", q.data.contiguous().view(torch.uint8))
+        self.register_buffer("scales", q.scales.contiguous())
+
+    def analytic_nbytes(self) -> int:
+        return Float8Tensor.analytic_nbytes(self.shape, False, self.block)
+
+    def stored(self) -> Float8Tensor:
+        return Float8Tensor(self.data.view(torch.float8_e4m3fn), self.scales, self.shape, self.block)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(fp8_block_matmul, block_matmul_op)(x, self.data, self.scales, self.block)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(fp8_block_dequantize, block_dequantize_op)(self.data, self.scales, self.block, row0, row1, dtype)
 
 
 @KERNELS.register

@@ -8,6 +8,7 @@ import torch
 from quantlab.quant.forms.microscaling import quantize_mx, quantize_nvfp4
 from quantlab.quant.forms.microscaling.kernel import E2M1CPUKernel, MXFP8CPUKernel
 from quantlab.quant.kernels.base import DequantKernel, choose_kernel
+from quantlab.quant.kernels.fp8 import FP8BlockCPUKernel
 from quantlab.quant.tensors.float8 import quantize_fp8
 
 CPU = torch.device("cpu")
@@ -30,14 +31,26 @@ def test_the_kernel_equals_dequantize_then_matmul(form: str, rows: int) -> None:
     assert type(back) is type(q) and torch.equal(back.dequantize(), q.dequantize())
 
 
-def test_bfloat16_rows_and_a_block_fp8_weight_takes_dequantize_then_matmul() -> None:
+@pytest.mark.parametrize("rows", [1, 4, 30])
+@pytest.mark.parametrize("shape", [(200, 320), (256, 576)])  # partial tiles in both directions, or along the input
+def test_block_fp8_equals_dequantize_then_matmul(rows: int, shape: tuple[int, int]) -> None:
+    q = quantize_fp8(torch.randn(*shape) * torch.logspace(-1, 1, shape[1]), block_size=128)
+    kernel = choose_kernel(q, CPU, torch.float32)
+    assert isinstance(kernel, FP8BlockCPUKernel)
+    x = torch.randn(rows, shape[1])
+    assert torch.allclose(kernel(x), x @ q.dequantize().T, rtol=1e-4, atol=1e-3)
+    assert torch.equal(kernel.dequantize(), q.dequantize())
+    assert kernel.analytic_nbytes() == q.layout_nbytes() == sum(b.numel() * b.element_size() for b in kernel.buffers())
+
+
+def test_bfloat16_rows_and_a_width_the_block_kernel_cannot_take_fall_back() -> None:
     w = torch.randn(64, 128)
     kernel = choose_kernel(quantize_nvfp4(w), CPU, torch.bfloat16)
     x = torch.randn(20, 128, dtype=torch.bfloat16)
     y, ref = kernel(x), x.float() @ quantize_nvfp4(w).dequantize().T
     assert y.dtype == torch.bfloat16
     assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2  # bf16's rounding of the activations and output
-    assert isinstance(choose_kernel(quantize_fp8(w, block_size=32), CPU, torch.float32), DequantKernel)
+    assert isinstance(choose_kernel(quantize_fp8(torch.randn(8, 40), block_size=32), CPU, torch.float32), DequantKernel)
 
 
 def test_the_kernel_runs_inside_torch_compile() -> None:
