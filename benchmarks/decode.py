@@ -54,6 +54,9 @@ KV = {  # the KV table's formats: name -> (registered format, fields)
     "int4": ("int4", {"group_size": 64, "residual_tokens": 128}),
     "int2": ("int2", {"group_size": 64, "residual_tokens": 128}),
     "int2-kivi": ("int2", {"key_axis": "channel", "group_size": 32, "residual_tokens": 128}),
+    "nvfp4": ("nvfp4", {"residual_tokens": 128}),
+    "mxfp4-rot": ("mxfp4", {"residual_tokens": 128, "rotate": "hadamard"}),
+    "int4-rot": ("int4", {"group_size": 64, "residual_tokens": 128, "rotate": "hadamard"}),
 }
 BF16 = {"compute_dtype": "bfloat16"}
 FORMATS = {

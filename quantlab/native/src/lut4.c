@@ -58,13 +58,13 @@ static inline __attribute__((always_inline)) void rows_avx2(
         const uint8_t* row = w + (size_t)n * (K / 2);
         __m256 total[4];
         for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
-        if (block == 16) {  /* NVFP4: the 32 codes of a chunk take two scales */
+        if (block == 16 || block == 32) {  /* microscaling: each chunk of 32 codes takes one scale (MX) or two (NVFP4) */
             for (int k = 0; k < K; k += 32) {
                 __m256 v[4];
                 decode32(row + k / 2, lo, hi, v);
-                size_t b = (size_t)n * per_row + k / 16;
+                size_t b = (size_t)n * per_row + k / block;
                 __m256 s0 = _mm256_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, b));
-                __m256 s1 = _mm256_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, b + 1));
+                __m256 s1 = block == 16 ? _mm256_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, b + 1)) : s0;
                 for (int r = 0; r < R; r++) {
                     const float* xb = x + (size_t)r * K + k;
                     __m256 a0 = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), _mm256_mul_ps(v[0], _mm256_loadu_ps(xb)));
