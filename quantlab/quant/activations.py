@@ -65,6 +65,11 @@ class ActivationFormat(BaseModel):
         return ActivationRounding(self.format, self.group_size)
 
 
+def rounding_module(fmt: ActivationFormat | None) -> "ActivationRounding | None":
+    """The input rounding of a format's ``activations`` field, or None (weight-only)."""
+    return None if fmt is None else fmt.module()
+
+
 def round_activations(x: torch.Tensor, fmt: str, group_size: int | None = None) -> torch.Tensor:
     """``x [..., features]`` rounded to ``fmt``'s grid with dynamic scales and returned in ``x``'s dtype."""
     shape, dtype = x.shape, x.dtype
@@ -74,7 +79,9 @@ def round_activations(x: torch.Tensor, fmt: str, group_size: int | None = None) 
 
 
 def fp8_rows(rows: torch.Tensor, group_size: int | None = None) -> torch.Tensor:
-    """e4m3 with a scale per row (token) or per ``group_size`` features: the maximum over 448."""
+    """e4m3 with a scale per row (token) or per ``group_size`` features: the maximum over 448, as ``quantize_fp8``
+    rounds a weight row, without its finiteness check (a host sync on every input, and a break in a compiled
+    graph)."""
     groups = rows.reshape(rows.shape[0], -1, group_size or rows.shape[1])
     amax = groups.abs().amax(-1, keepdim=True)
     scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))

@@ -43,13 +43,17 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None,
-                    settings: dict[str, Any] | None = None) -> "QuantizedLinear":
+                    settings: dict[str, Any] | None = None,
+                    input_rounding: nn.Module | None = None) -> "QuantizedLinear":
         """Replace ``module``'s weight by ``q``, stored for the fastest kernel among ``kernels`` (default: any);
-        ``settings`` records how the codes were chosen (a checkpoint's quantize config repeats it)."""
+        ``settings`` records how the codes were chosen (a checkpoint's quantize config repeats it); ``input_rounding``
+        rounds every input first (a format's ``activations``)."""
         weight = linear_weight(module)
         kernel = choose_kernel(q, weight.device, weight.dtype, kernels)
         bias = module.bias.data.clone() if getattr(module, "bias", None) is not None else None
-        return cls(kernel, bias, q.bits, q.group_size, settings)
+        layer = cls(kernel, bias, q.bits, q.group_size, settings)
+        layer.input_rounding = input_rounding
+        return layer
 
     @property
     def kernel_path(self) -> str:

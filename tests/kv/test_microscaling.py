@@ -10,23 +10,9 @@ from quantlab.kv.code_attention import reads_codes
 from quantlab.kv.packed import Codec, hadamard_rotate
 from quantlab.kv.static import CodeStore
 from quantlab.quant.forms.microscaling import quantize_mx, quantize_nvfp4
-from tests.kv.test_static import PROMPT, STEPS, stepwise_logits
+from tests.kv.test_static import PROMPT, STEPS, stepwise_logits, tiny
 
 CPU = torch.device("cpu")
-
-
-def tiny64(arch: str) -> torch.nn.Module:
-    """Heads of 64, so the rotation applies (llama.cpp rotates heads whose size is a multiple of 64)."""
-    import transformers as tf
-
-    torch.manual_seed(0)
-    common = dict(vocab_size=128, hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
-                  head_dim=64, max_position_embeddings=256)
-    if arch == "llama":
-        return tf.LlamaForCausalLM(tf.LlamaConfig(**common, num_hidden_layers=2)).eval()
-    config = tf.Gemma3TextConfig(**common, num_hidden_layers=3, sliding_window=8,
-                                 layer_types=["sliding_attention", "sliding_attention", "full_attention"])
-    return tf.Gemma3ForCausalLM(config).eval()
 
 
 def test_the_rotation_is_orthonormal_and_its_own_inverse() -> None:
@@ -53,7 +39,7 @@ def test_a_stored_row_is_the_weight_forms_rounding_of_that_head(element: str) ->
                                          ("fp8", dict(rotate="hadamard")), ("nvfp4", dict(rotate="hadamard")),
                                          ("mxfp4", dict(residual_tokens=5, rotate="hadamard"))])
 def test_rotated_static_layers_give_the_dynamic_layers_logits(arch: str, name: str, fields: dict) -> None:
-    model, kv = tiny64(arch), KV_FORMATS[name].build(**fields)
+    model, kv = tiny(arch, head_dim=64), KV_FORMATS[name].build(**fields)
     dynamic, dynamic_bytes = stepwise_logits(model, kv, None)
     static, nbytes = stepwise_logits(model, kv, PROMPT + STEPS)
     for step, (d, s) in enumerate(zip(dynamic, static)):
@@ -96,9 +82,7 @@ def test_labels_and_refusals() -> None:
     assert KV_FORMATS["int4"].build(group_size=32, residual_tokens=0, rotate="hadamard").label == "int4-g32-r0-rot"
     with pytest.raises(ValueError, match="rotate is for quantized caches"):
         KV_FORMATS["bf16"].build(rotate="hadamard")
-    from tests.kv.test_static import tiny  # heads of 32
-
-    config = tiny("llama").config
+    config = tiny("llama").config  # heads of 32
     assert "multiple of 64" in KV_FORMATS["int4"].build(group_size=32, rotate="hadamard").check(config)
     assert KV_FORMATS["mxfp4"].build().check(config) is None
     store = CodeStore(Codec(bits=4, group_size=32, rotate=True), 1, 1, 4, 64, CPU)

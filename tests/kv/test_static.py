@@ -20,12 +20,15 @@ CASES = [("int", dict(bits=4, group_size=16, residual_tokens=4)), ("int", dict(b
 PROMPT, STEPS = 13, 12
 
 
-def tiny(arch: str) -> torch.nn.Module:
+def tiny(arch: str, head_dim: int = 32) -> torch.nn.Module:
+    """Two heads of queries per KV head; ``head_dim`` 64 lets the Hadamard rotation apply."""
     import transformers as tf
 
     torch.manual_seed(0)
-    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=32, max_position_embeddings=256)
+    heads = 128 // head_dim
+    common = dict(vocab_size=128, hidden_size=64 if head_dim == 32 else 128, intermediate_size=128,
+                  num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=head_dim,
+                  max_position_embeddings=256)
     if arch == "llama":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**common, num_hidden_layers=2)).eval()
     config = tf.Gemma3TextConfig(**common, num_hidden_layers=3, sliding_window=8,

@@ -16,6 +16,17 @@ static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as to
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+/* An e8m0 scale byte (OCP MX): the power of two 2^(e - 127); 0 is 2^-127, a subnormal. */
+static inline float e8m0_to_float(uint8_t e) {
+    uint32_t u = e ? (uint32_t)e << 23 : 1u << 22;
+    float f; memcpy(&f, &u, 4);
+    return f;
+}
+
+/* CALL(R) with R a compile-time constant 1-4 (the rows of x in one group), so a kernel's row loops unroll. */
+#define WITH_CONSTANT_ROWS(R, CALL) do { switch (R) { \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); } } while (0)
+
 /* A float8 code's value (finite codes), e4m3 or e5m2. */
 static inline float fp8_decode(uint8_t b, int e5m2) {
     float v;

@@ -71,12 +71,9 @@ void fp8_matmul(const uint8_t* w, const float* scales, int per_tensor, int kind,
         const float* xr = x + (size_t)m0 * K;
         float* yr = y + (size_t)m0 * N;
 #ifdef FP8_SIMD
-        switch (R) {
-            case 1: rows_simd(w, scales, per_tensor, kind, xr, yr, 1, N, K); break;
-            case 2: rows_simd(w, scales, per_tensor, kind, xr, yr, 2, N, K); break;
-            case 3: rows_simd(w, scales, per_tensor, kind, xr, yr, 3, N, K); break;
-            default: rows_simd(w, scales, per_tensor, kind, xr, yr, 4, N, K);
-        }
+#define ROWS(C) rows_simd(w, scales, per_tensor, kind, xr, yr, C, N, K)
+        WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
 #else
         rows_scalar(w, scales, per_tensor, kind, xr, yr, R, N, K);
 #endif
@@ -99,169 +96,101 @@ void fp8_dequantize(const uint8_t* w, const float* scales, int per_tensor, int k
     }
 }
 
-/* MXFP8 (quantlab.quant.forms.microscaling): e4m3 codes as above with one e8m0 exponent byte per 32 codes of a
-   row (the power of two 2^(e - 127); 0 is 2^-127), [N, K / 32]. */
-static inline float e8m0(uint8_t e) {
-    union { uint32_t u; float f; } v;
-    v.u = e ? (uint32_t)e << 23 : 1u << 22;
-    return v.f;
+/* Blocked e4m3 weights: one scale per `b` codes of a row, shared by `rows_per_scale` rows, [ceil(N / rows_per_scale),
+   ceil(K / b)] row-major (the last block of a row or column may be partial; K a multiple of 16). MXFP8
+   (quantlab.quant.forms.microscaling): b = 32, one row, e8m0 scale bytes (scale_kind SCALE_E8M0); block FP8
+   (quantlab.quant.tensors.float8): b x b tiles, float32 scales (SCALE_F32). */
+enum { SCALE_F32 = 0, SCALE_E8M0 = 1 };
+
+static inline float blocks_scale(const void* scales, int scale_kind, size_t i) {
+    return scale_kind == SCALE_E8M0 ? e8m0_to_float(((const uint8_t*)scales)[i]) : ((const float*)scales)[i];
 }
 
 #ifdef FP8_SIMD
-static inline __attribute__((always_inline)) void mx_rows_simd(const uint8_t* w, const uint8_t* scales,
-                                                               const float* x, float* y, int R, int N, int K) {
-    int per_row = K / 32;
+static inline __attribute__((always_inline)) void blocks_rows_simd(const uint8_t* w, const void* scales, int scale_kind, int b,
+                                                       int rows_per_scale, const float* x, float* y, int R, int N,
+                                                       int K) {
+    int per_row = (K + b - 1) / b;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const uint8_t* row = w + (size_t)n * K;
+        size_t s0 = (size_t)(n / rows_per_scale) * per_row;
         __m256 total[4];
         for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
         for (int g = 0; g < per_row; g++) {
-            const uint8_t* p = row + g * 32;
-            __m256 v0 = widen8(p, E4M3), v1 = widen8(p + 8, E4M3), v2 = widen8(p + 16, E4M3), v3 = widen8(p + 24, E4M3);
-            __m256 s = _mm256_set1_ps(256.0f * e8m0(scales[(size_t)n * per_row + g]));
-            for (int r = 0; r < R; r++) {
-                const float* xb = x + (size_t)r * K + g * 32;
-                __m256 a = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xb + 8), _mm256_mul_ps(v0, _mm256_loadu_ps(xb)));
-                a = _mm256_fmadd_ps(v3, _mm256_loadu_ps(xb + 24), _mm256_fmadd_ps(v2, _mm256_loadu_ps(xb + 16), a));
-                total[r] = _mm256_fmadd_ps(s, a, total[r]);
+            int end = (g + 1) * b < K ? (g + 1) * b : K, k = g * b;
+            __m256 s = _mm256_set1_ps(256.0f * blocks_scale(scales, scale_kind, s0 + g));
+            for (; k + 32 <= end; k += 32) {  /* 32 codes' products summed, then scaled once */
+                __m256 v0 = widen8(row + k, E4M3), v1 = widen8(row + k + 8, E4M3);
+                __m256 v2 = widen8(row + k + 16, E4M3), v3 = widen8(row + k + 24, E4M3);
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + k;
+                    __m256 a = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xb + 8), _mm256_mul_ps(v0, _mm256_loadu_ps(xb)));
+                    a = _mm256_fmadd_ps(v3, _mm256_loadu_ps(xb + 24), _mm256_fmadd_ps(v2, _mm256_loadu_ps(xb + 16), a));
+                    total[r] = _mm256_fmadd_ps(s, a, total[r]);
+                }
             }
-        }
-        for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]);
-    }
-}
-#endif
-
-static void mx_rows_scalar(const uint8_t* w, const uint8_t* scales, const float* x, float* y, int R, int N, int K) {
-    int per_row = K / 32;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint8_t* row = w + (size_t)n * K;
-        for (int r = 0; r < R; r++) {
-            float total = 0;
-            for (int g = 0; g < per_row; g++) {
-                float acc = 0;
-                for (int k = g * 32; k < g * 32 + 32; k++) acc += decode(row[k], E4M3) * x[(size_t)r * K + k];
-                total += e8m0(scales[(size_t)n * per_row + g]) * acc;
-            }
-            y[(size_t)r * N + n] = total;
-        }
-    }
-}
-
-/* y [M, N] = x [M, K] @ W^T for an MXFP8 weight (K a multiple of 32), a few rows of x at a time. */
-void mxfp8_matmul(const uint8_t* w, const uint8_t* scales, const float* x, float* y, int M, int N, int K) {
-    for (int m0 = 0; m0 < M; m0 += 4) {
-        int R = M - m0 < 4 ? M - m0 : 4;
-        const float* xr = x + (size_t)m0 * K;
-        float* yr = y + (size_t)m0 * N;
-#ifdef FP8_SIMD
-        switch (R) {
-            case 1: mx_rows_simd(w, scales, xr, yr, 1, N, K); break;
-            case 2: mx_rows_simd(w, scales, xr, yr, 2, N, K); break;
-            case 3: mx_rows_simd(w, scales, xr, yr, 3, N, K); break;
-            default: mx_rows_simd(w, scales, xr, yr, 4, N, K);
-        }
-#else
-        mx_rows_scalar(w, scales, xr, yr, R, N, K);
-#endif
-    }
-}
-
-/* Rows [row0, row1) of an MXFP8 weight as float32 (out_kind 0) or bfloat16 (out_kind 2). */
-void mxfp8_dequantize(const uint8_t* w, const uint8_t* scales, void* out, int out_kind, int row0, int row1, int K) {
-    int per_row = K / 32;
-    #pragma omp parallel for schedule(static)
-    for (int n = row0; n < row1; n++) {
-        const uint8_t* row = w + (size_t)n * K;
-        size_t o = (size_t)(n - row0) * K;
-        for (int k = 0; k < K; k++) {
-            float v = decode(row[k], E4M3) * e8m0(scales[(size_t)n * per_row + k / 32]);
-            if (out_kind == BF16) ((uint16_t*)out)[o + k] = float_to_bf16(v);
-            else ((float*)out)[o + k] = v;
-        }
-    }
-}
-
-/* Block-scaled FP8 (quantlab.quant.tensors.float8, block_size b): e4m3 codes with one float32 scale per b x b tile,
-   [ceil(N / b), ceil(K / b)] row-major; the last tile of a row or column may be partial. K a multiple of 16. */
-#ifdef FP8_SIMD
-static inline __attribute__((always_inline)) void tile_rows_simd(const uint8_t* w, const float* scales, int b,
-                                                                 const float* x, float* y, int R, int N, int K) {
-    int tiles = (K + b - 1) / b;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint8_t* row = w + (size_t)n * K;
-        const float* s_row = scales + (size_t)(n / b) * tiles;
-        __m256 total[4];
-        for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
-        for (int g = 0; g < tiles; g++) {
-            int end = (g + 1) * b < K ? (g + 1) * b : K;
-            __m256 acc[4];
-            for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-            for (int k = g * b; k < end; k += 16) {
+            if (k < end) {  /* a block of 16 left at the end of a row */
                 __m256 v0 = widen8(row + k, E4M3), v1 = widen8(row + k + 8, E4M3);
                 for (int r = 0; r < R; r++) {
                     const float* xb = x + (size_t)r * K + k;
-                    acc[r] = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xb + 8), _mm256_fmadd_ps(v0, _mm256_loadu_ps(xb), acc[r]));
+                    __m256 a = _mm256_fmadd_ps(v1, _mm256_loadu_ps(xb + 8), _mm256_mul_ps(v0, _mm256_loadu_ps(xb)));
+                    total[r] = _mm256_fmadd_ps(s, a, total[r]);
                 }
             }
-            __m256 s = _mm256_set1_ps(256.0f * s_row[g]);
-            for (int r = 0; r < R; r++) total[r] = _mm256_fmadd_ps(s, acc[r], total[r]);
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]);
     }
 }
 #endif
 
-static void tile_rows_scalar(const uint8_t* w, const float* scales, int b, const float* x, float* y, int R, int N,
-                             int K) {
-    int tiles = (K + b - 1) / b;
+static void blocks_rows_scalar(const uint8_t* w, const void* scales, int scale_kind, int b, int rows_per_scale,
+                               const float* x, float* y, int R, int N, int K) {
+    int per_row = (K + b - 1) / b;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const uint8_t* row = w + (size_t)n * K;
+        size_t s0 = (size_t)(n / rows_per_scale) * per_row;
         for (int r = 0; r < R; r++) {
             float total = 0;
-            for (int g = 0; g < tiles; g++) {
+            for (int g = 0; g < per_row; g++) {
                 int end = (g + 1) * b < K ? (g + 1) * b : K;
                 float acc = 0;
                 for (int k = g * b; k < end; k++) acc += decode(row[k], E4M3) * x[(size_t)r * K + k];
-                total += scales[(size_t)(n / b) * tiles + g] * acc;
+                total += blocks_scale(scales, scale_kind, s0 + g) * acc;
             }
             y[(size_t)r * N + n] = total;
         }
     }
 }
 
-/* y [M, N] = x [M, K] @ W^T for a block-scaled e4m3 weight, a few rows of x at a time. */
-void fp8_block_matmul(const uint8_t* w, const float* scales, int b, const float* x, float* y, int M, int N, int K) {
+/* y [M, N] = x [M, K] @ W^T for a blocked e4m3 weight, a few rows of x at a time. */
+void fp8_blocks_matmul(const uint8_t* w, const void* scales, int scale_kind, int b, int rows_per_scale, const float* x,
+                       float* y, int M, int N, int K) {
     for (int m0 = 0; m0 < M; m0 += 4) {
         int R = M - m0 < 4 ? M - m0 : 4;
         const float* xr = x + (size_t)m0 * K;
         float* yr = y + (size_t)m0 * N;
 #ifdef FP8_SIMD
-        switch (R) {
-            case 1: tile_rows_simd(w, scales, b, xr, yr, 1, N, K); break;
-            case 2: tile_rows_simd(w, scales, b, xr, yr, 2, N, K); break;
-            case 3: tile_rows_simd(w, scales, b, xr, yr, 3, N, K); break;
-            default: tile_rows_simd(w, scales, b, xr, yr, 4, N, K);
-        }
+#define ROWS(C) blocks_rows_simd(w, scales, scale_kind, b, rows_per_scale, xr, yr, C, N, K)
+        WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
 #else
-        tile_rows_scalar(w, scales, b, xr, yr, R, N, K);
+        blocks_rows_scalar(w, scales, scale_kind, b, rows_per_scale, xr, yr, R, N, K);
 #endif
     }
 }
 
-/* Rows [row0, row1) of a block-scaled e4m3 weight as float32 (out_kind 0) or bfloat16 (out_kind 2). */
-void fp8_block_dequantize(const uint8_t* w, const float* scales, int b, void* out, int out_kind, int row0, int row1,
-                          int K) {
-    int tiles = (K + b - 1) / b;
+/* Rows [row0, row1) of a blocked e4m3 weight as float32 (out_kind 0) or bfloat16 (out_kind 2). */
+void fp8_blocks_dequantize(const uint8_t* w, const void* scales, int scale_kind, int b, int rows_per_scale, void* out,
+                           int out_kind, int row0, int row1, int K) {
+    int per_row = (K + b - 1) / b;
     #pragma omp parallel for schedule(static)
     for (int n = row0; n < row1; n++) {
         const uint8_t* row = w + (size_t)n * K;
-        size_t o = (size_t)(n - row0) * K;
+        size_t s0 = (size_t)(n / rows_per_scale) * per_row, o = (size_t)(n - row0) * K;
         for (int k = 0; k < K; k++) {
-            float v = decode(row[k], E4M3) * scales[(size_t)(n / b) * tiles + k / b];
+            float v = decode(row[k], E4M3) * blocks_scale(scales, scale_kind, s0 + k / b);
             if (out_kind == BF16) ((uint16_t*)out)[o + k] = float_to_bf16(v);
             else ((float*)out)[o + k] = v;
         }

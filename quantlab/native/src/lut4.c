@@ -21,11 +21,7 @@ static inline float block_scale(const void* absmax, int kind, const float* scale
                                 const float* dmap, size_t b) {
     if (kind == ABSMAX_F32) return ((const float*)absmax)[b];
     uint8_t byte = ((const uint8_t*)absmax)[b];
-    if (kind == SCALE_E8M0) {
-        union { uint32_t u; float f; } v;
-        v.u = byte ? (uint32_t)byte << 23 : 1u << 22;  /* 0: 2^-127, a subnormal */
-        return v.f;
-    }
+    if (kind == SCALE_E8M0) return e8m0_to_float(byte);
     if (kind == SCALE_E4M3) return dmap[byte] / scale2[0];
     return dmap[byte] * scale2[b >> 8] + offset[0];
 }

@@ -16,7 +16,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from ..activations import ActivationFormat
+from ..activations import ActivationFormat, rounding_module
 from ..format import WEIGHT_FORMATS, QuantizedWeightFormat
 from ..linear import QuantizedLinear, linear_weight
 from ..tensors.float8 import Float8Tensor, quantize_fp8
@@ -64,10 +64,8 @@ class FP8Format(QuantizedWeightFormat):
     def quantize_module(self, name: str, module: nn.Module) -> nn.Module:
         q = quantize_fp8(linear_weight(module), self.kind, self.per_tensor, self.block_size)
         kernels = None if self.kernel == "auto" else [self.kernel]
-        layer = QuantizedLinear.from_linear(module, q, kernels, {"method": f"fp8-{self.kind}"})
-        if self.activations is not None:
-            layer.input_rounding = self.activations.module()
-        return layer
+        return QuantizedLinear.from_linear(module, q, kernels, {"method": f"fp8-{self.kind}"},
+                                           rounding_module(self.activations))
 
     def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
                     base: torch.dtype) -> tuple[str, str] | None:

@@ -20,18 +20,15 @@ KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kern
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The built ``fp8`` library (also multiplies MXFP8 weights, ``quant.forms.microscaling``)."""
+    """The built ``fp8`` library."""
     lib = native.load("fp8")
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.fp8_matmul.argtypes = [p, p, i, i, p, p, i, i, i]
     lib.fp8_dequantize.argtypes = [p, p, i, i, p, i, i, i, i]
-    lib.mxfp8_matmul.argtypes = [p, p, p, p, i, i, i]
-    lib.mxfp8_dequantize.argtypes = [p, p, p, i, i, i, i]
+    lib.fp8_blocks_matmul.argtypes = [p, p, i, i, i, p, p, i, i, i]
+    lib.fp8_blocks_dequantize.argtypes = [p, p, i, i, i, p, i, i, i, i]
     lib.fp8_matmul.restype = lib.fp8_dequantize.restype = None
-    lib.mxfp8_matmul.restype = lib.mxfp8_dequantize.restype = None
-    lib.fp8_block_matmul.argtypes = [p, p, i, p, p, i, i, i]
-    lib.fp8_block_dequantize.argtypes = [p, p, i, p, i, i, i, i]
-    lib.fp8_block_matmul.restype = lib.fp8_block_dequantize.restype = None
+    lib.fp8_blocks_matmul.restype = lib.fp8_blocks_dequantize.restype = None
     return lib
 
 
@@ -105,43 +102,63 @@ class FP8CPUKernel(FusedRowsKernel):
         return traced(fp8_dequantize, dequantize_op)(self.data, self.scales, row0, row1, dtype)
 
 
-def fp8_block_matmul(x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the block-scaled e4m3 weight ``[out, in]``, transposed."""
+BLOCK_SCALE_KINDS = {torch.float32: 0, torch.uint8: 1}  # native/fp8.c: float32 scales, or e8m0 exponent bytes
+
+
+def fp8_blocks_matmul(x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor, block: int,
+                      rows_per_scale: int) -> torch.Tensor:
+    """``x [M, in]`` (float32) times a blocked e4m3 weight ``[out, in]`` (bytes), transposed: one scale (float32, or
+    an e8m0 byte) per ``block`` inputs of ``rows_per_scale`` rows (MXFP8: 32 and 1; block FP8: b and b)."""
     x = x.contiguous()
     m, n_in = x.shape
     y = torch.empty(m, data.shape[0], dtype=torch.float32)
-    library().fp8_block_matmul(data.data_ptr(), scales.data_ptr(), block, x.data_ptr(), y.data_ptr(), m,
-                               data.shape[0], n_in)
+    library().fp8_blocks_matmul(data.data_ptr(), scales.data_ptr(), BLOCK_SCALE_KINDS[scales.dtype], block,
+                                rows_per_scale, x.data_ptr(), y.data_ptr(), m, data.shape[0], n_in)
     return y
 
 
-def fp8_block_dequantize(data: torch.Tensor, scales: torch.Tensor, block: int, row0: int, row1: int,
-                         dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``[row0, row1)`` of the block-scaled weight as ``dtype`` (float32 or bfloat16)."""
+def fp8_blocks_dequantize(data: torch.Tensor, scales: torch.Tensor, block: int, rows_per_scale: int, row0: int,
+                          row1: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of a blocked e4m3 weight as ``dtype`` (float32 or bfloat16)."""
     out = torch.empty(row1 - row0, data.shape[1], dtype=dtype)
-    library().fp8_block_dequantize(data.data_ptr(), scales.data_ptr(), block, out.data_ptr(), OUT_KINDS[dtype], row0,
-                                   row1, data.shape[1])
+    library().fp8_blocks_dequantize(data.data_ptr(), scales.data_ptr(), BLOCK_SCALE_KINDS[scales.dtype], block,
+                                    rows_per_scale, out.data_ptr(), OUT_KINDS[dtype], row0, row1, data.shape[1])
     return out
 
 
-block_matmul_op = native_op("fp8_block_matmul", fp8_block_matmul)
-block_dequantize_op = native_op("fp8_block_dequantize", fp8_block_dequantize)
+blocks_matmul_op = native_op("fp8_blocks_matmul", fp8_blocks_matmul)
+blocks_dequantize_op = native_op("fp8_blocks_dequantize", fp8_blocks_dequantize)
 
 
-@register_fake(block_matmul_op)
-def _(x, data, scales, block):
+@register_fake(blocks_matmul_op)
+def _(x, data, scales, block, rows_per_scale):
     return x.new_empty(x.shape[0], data.shape[0], dtype=torch.float32)
 
 
-@register_fake(block_dequantize_op)
-def _(data, scales, block, row0, row1, dtype):
+@register_fake(blocks_dequantize_op)
+def _(data, scales, block, rows_per_scale, row0, row1, dtype):
     return data.new_empty(row1 - row0, data.shape[1], dtype=dtype)
 
 
+class BlockedFP8Kernel(FusedRowsKernel):
+    """Blocked e4m3 codes (bytes in ``data``) with their scales, multiplied as stored: fused C matmul for decode
+    steps (codes widened in registers, each block's partial sum scaled once), C dequantization of row blocks for
+    longer inputs. Subclasses hold ``data``, ``scales``, ``block`` and ``rows_per_scale``."""
+
+    block: int
+    rows_per_scale: int
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(fp8_blocks_matmul, blocks_matmul_op)(x, self.data, self.scales, self.block, self.rows_per_scale)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(fp8_blocks_dequantize, blocks_dequantize_op)(self.data, self.scales, self.block,
+                                                                   self.rows_per_scale, row0, row1, dtype)
+
+
 @KERNELS.register
-class FP8BlockCPUKernel(FusedRowsKernel):
-    """Block-scaled e4m3 codes (a float32 scale per square tile) as stored; fused C matmul for decode steps (codes
-    widened in registers, each tile's sum scaled once), C dequantization of row blocks for longer inputs."""
+class FP8BlockCPUKernel(BlockedFP8Kernel):
+    """Block-scaled e4m3 codes (a float32 scale per square tile) as stored."""
 
     path = "fp8_block_cpu"
     preference = 62
@@ -155,7 +172,7 @@ class FP8BlockCPUKernel(FusedRowsKernel):
     def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         library()  # build (or find) the C kernel now: a failure passes the choice on
-        self.shape, self.block = q.shape, q.block_size
+        self.shape, self.block, self.rows_per_scale = q.shape, q.block_size, q.block_size
         self.register_buffer("data", q.data.contiguous().view(torch.uint8))
         self.register_buffer("scales", q.scales.contiguous())
 
@@ -164,12 +181,6 @@ class FP8BlockCPUKernel(FusedRowsKernel):
 
     def stored(self) -> Float8Tensor:
         return Float8Tensor(self.data.view(torch.float8_e4m3fn), self.scales, self.shape, self.block)
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(fp8_block_matmul, block_matmul_op)(x, self.data, self.scales, self.block)
-
-    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        return traced(fp8_block_dequantize, block_dequantize_op)(self.data, self.scales, self.block, row0, row1, dtype)
 
 
 @KERNELS.register

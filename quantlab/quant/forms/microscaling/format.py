@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from ...activations import ActivationFormat
+from ...activations import ActivationFormat, rounding_module
 from ...format import WEIGHT_FORMATS, QuantizedWeightFormat
 from ...kernels.base import KernelName
 from ...linear import QuantizedLinear, linear_weight
@@ -21,6 +21,7 @@ class MicroscalingFormat(QuantizedWeightFormat):
 
     example_fields: ClassVar[dict[str, Any] | None] = {}
     block: ClassVar[int]
+    targets: ClassVar[tuple[str, ...]] = ("compressed-tensors",)  # where its codecs write the form (codecs.py)
     kernel: KernelName = Field("auto", description="matmul path (a registered kernel); auto takes the fastest that "
                                "supports the form")
     activations: ActivationFormat | None = Field(None, description="round each quantized linear's input too: "
@@ -46,7 +47,7 @@ class MicroscalingFormat(QuantizedWeightFormat):
         GGUF MXFP4 (ggml's type); a mix goes where each of its modules' formats goes."""
         if self.activations is not None:
             return ()
-        own = ("compressed-tensors", "gguf") if isinstance(self, MXFP4Format) else ("compressed-tensors",)
+        own = self.targets
         if not self.overrides:
             return own
         from ...io.export import per_module_targets
@@ -59,10 +60,7 @@ class MicroscalingFormat(QuantizedWeightFormat):
 
     def quantized_linear(self, module: nn.Module, q: MXTensor | NVFP4Tensor) -> QuantizedLinear:
         """``module`` holding ``q``, rounding its input where ``activations`` says so."""
-        layer = QuantizedLinear.from_linear(module, q, self.kernels, {"method": "rtn"})
-        if self.activations is not None:
-            layer.input_rounding = self.activations.module()
-        return layer
+        return QuantizedLinear.from_linear(module, q, self.kernels, {"method": "rtn"}, rounding_module(self.activations))
 
 
 class MXFormat(MicroscalingFormat):
@@ -81,6 +79,7 @@ class MXFormat(MicroscalingFormat):
 
 class MXFP4Format(MXFormat):
     element: ClassVar[Element] = "e2m1"
+    targets: ClassVar[tuple[str, ...]] = ("compressed-tensors", "gguf")
     ties: Ties = Field("even", description="an element halfway between two e2m1 values: even (OCP, torchao, "
                        "compressed-tensors) or to_zero (ggml's quantizer; zero then stored as +0)")
 

@@ -2,8 +2,8 @@
 each block's scale decoded in the kernel (an e8m0 exponent byte, or an e4m3 byte over the global scale), so the
 bytes held and read are the form's (``native/lut4.c``, shared with the 4-bit codebooks). Decode steps' few rows go
 through the fused product; longer inputs dequantize a block of rows at a time for the dense matmul. Both are torch
-ops, so the path runs inside ``torch.compile``. MXFP8: its e4m3 codes widened in registers as the fp8 kernel
-widens them, each block of 32 scaled by its e8m0 exponent (``native/fp8.c``)."""
+ops, so the path runs inside ``torch.compile``. MXFP8: the fp8 kernels' blocked e4m3 path (codes widened in
+registers, each block of 32 scaled by its e8m0 exponent; ``native/fp8.c``), which block FP8 takes too."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +15,7 @@ from ....native.ops import native_op, register_fake
 from ...kernels import fp8 as fp8_kernels
 from ...kernels import lut4 as lut4_kernels
 from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
-from .tensor import MXTensor, NVFP4Tensor, e2m1_table
+from .tensor import MX_BLOCK, MXTensor, NVFP4Tensor, e2m1_table
 
 SCALE_E8M0, SCALE_E4M3 = 2, 3  # the scale kinds of native/lut4.c
 
@@ -110,43 +110,9 @@ class E2M1CPUKernel(FusedRowsKernel):
                                                       row1, dtype)
 
 
-def mxfp8_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the MXFP8 weight ``[out, in]``, transposed: ``[M, out]`` float32."""
-    x = x.contiguous()
-    m, n_in = x.shape
-    y = torch.empty(m, codes.shape[0], dtype=torch.float32)
-    fp8_kernels.library().mxfp8_matmul(codes.data_ptr(), scales.data_ptr(), x.data_ptr(), y.data_ptr(), m,
-                                       codes.shape[0], n_in)
-    return y
-
-
-def mxfp8_dequantize(codes: torch.Tensor, scales: torch.Tensor, row0: int, row1: int,
-                     dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``[row0, row1)`` of the MXFP8 weight as ``dtype`` (float32 or bfloat16)."""
-    out = torch.empty(row1 - row0, codes.shape[1], dtype=dtype)
-    fp8_kernels.library().mxfp8_dequantize(codes.data_ptr(), scales.data_ptr(), out.data_ptr(), OUT_KINDS[dtype],
-                                           row0, row1, codes.shape[1])
-    return out
-
-
-mxfp8_matmul_op = native_op("mxfp8_matmul", mxfp8_matmul)
-mxfp8_dequantize_op = native_op("mxfp8_dequantize", mxfp8_dequantize)
-
-
-@register_fake(mxfp8_matmul_op)
-def _(x, codes, scales):
-    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-
-
-@register_fake(mxfp8_dequantize_op)
-def _(codes, scales, row0, row1, dtype):
-    return codes.new_empty(row1 - row0, codes.shape[1], dtype=dtype)
-
-
 @KERNELS.register
-class MXFP8CPUKernel(FusedRowsKernel):
-    """MXFP8 codes and e8m0 scales as stored; fused C matmul for decode steps, C dequantization of row blocks for
-    longer inputs."""
+class MXFP8CPUKernel(fp8_kernels.BlockedFP8Kernel):
+    """MXFP8 codes and e8m0 scales as stored, through the fp8 kernels' blocked path (blocks of 32, one row each)."""
 
     path = "mxfp8_cpu"
     preference = 61
@@ -155,22 +121,16 @@ class MXFP8CPUKernel(FusedRowsKernel):
     def __init__(self, q: MXTensor, dtype: torch.dtype) -> None:
         super().__init__()
         fp8_kernels.library()  # build (or find) the C kernel now: a failure passes the choice on
-        self.shape = q.shape
-        self.register_buffer("codes", q.codes.contiguous().view(torch.uint8))
+        self.shape, self.block, self.rows_per_scale = q.shape, MX_BLOCK, 1
+        self.register_buffer("data", q.codes.contiguous().view(torch.uint8))
         self.register_buffer("scales", q.scales.contiguous())
 
     @classmethod
     def supports(cls, q: MXTensor, device: torch.device, dtype: torch.dtype) -> bool:
-        return device.type == "cpu" and dtype in OUT_KINDS and q.element == "e4m3" and q.shape[1] % 32 == 0
+        return device.type == "cpu" and dtype in OUT_KINDS and q.element == "e4m3" and q.shape[1] % MX_BLOCK == 0
 
     def stored(self) -> MXTensor:
-        return MXTensor(self.codes.view(torch.float8_e4m3fn), self.scales, self.shape, "e4m3")
+        return MXTensor(self.data.view(torch.float8_e4m3fn), self.scales, self.shape, "e4m3")
 
     def analytic_nbytes(self) -> int:
         return MXTensor.analytic_nbytes(self.shape, "e4m3")
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(mxfp8_matmul, mxfp8_matmul_op)(x, self.codes, self.scales)
-
-    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        return traced(mxfp8_dequantize, mxfp8_dequantize_op)(self.codes, self.scales, row0, row1, dtype)
