@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from quantlab.native.ops import native_op, register_fake
-from quantlab.quant.kernels.ggml import ggml_matmul_q8, quantize_ggml
+from quantlab.quant.forms.ggml.kernel import ggml_matmul_q8, quantize_ggml
 
 
 def per_call_us(f: Callable[[], object], calls: int) -> float:

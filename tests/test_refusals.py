@@ -100,7 +100,7 @@ def test_export_refusals_the_record_decides_come_before_the_model_loads(
     monkeypatch.setattr(lifecycle, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     _refused(["export", str(run), "--variant", "int8-pc-asym", "--to", "gguf", "--out", str(tmp_path / "x")], capsys,
              "int8-pc-asym: weight format int8-pc-asym cannot be written as gguf",
-             "its numbers export to: gptq, compressed-tensors", "formats that export to gguf:", "int4")
+             "its numbers export to: compressed-tensors, gptq", "formats that export to gguf:", "int4")
     _refused(["export", str(run), "--variant", "nf4-b64", "--to", "gptq", "--out", str(tmp_path / "x")], capsys,
              "export to: no target")
     (tmp_path / "file").write_text("taken")

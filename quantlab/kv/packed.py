@@ -20,8 +20,8 @@ from typing import Callable, Literal, Protocol
 
 import torch
 
+from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor, quantize_mx, quantize_nvfp4
-from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]

@@ -23,8 +23,8 @@ import dataclasses
 import torch
 
 from ..errors import UnsupportedError
+from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor
-from ..quant.tensors.affine import QuantizedTensor, quantize_tensor
 from .code_attention import reads_codes
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
 from .packed import ELEMENTS, Codec, encode_element, hadamard_rotate

@@ -6,9 +6,9 @@ from . import formats, forms, kernels, mixed  # noqa: F401  (registration)
 from .apply import QuantizeReport, quantize_
 from .calibrate.gptq_solve import gptq_quantize
 from .format import WEIGHT_FORMATS, Calibration, WeightFormat
+from .forms.affine.tensor import QuantizedTensor, quantize_tensor
 from .io.gptq import load_gptq, save_gptq
 from .linear import QuantizedLinear
-from .tensors.affine import QuantizedTensor, quantize_tensor
 
 __all__ = ["WEIGHT_FORMATS", "Calibration", "WeightFormat", "QuantizedLinear", "QuantizedTensor", "QuantizeReport",
            "gptq_quantize", "load_gptq", "quantize_", "quantize_tensor", "save_gptq"]

@@ -97,7 +97,7 @@ def _embedding_(model: nn.Module, fmt: WeightFormat, tied: bool) -> dict[str, An
     the head's (one table, as a GGUF without ``output.weight``); an untied one in the format's
     ``embedding_format`` where that stores blocks. Returns its details (empty: the table is kept)."""
     from .embedding import block_embedding_
-    from .tensors.ggml_blocks import GGMLBlockTensor
+    from .forms.ggml.tensor import GGMLBlockTensor
 
     table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if not isinstance(table, nn.Embedding):

@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedError
+from .forms.ggml.kernel import dequantize_op, ggml_dequantize
+from .forms.ggml.tensor import GGMLBlockTensor
 from .kernels.base import Kernel, traced
-from .kernels.ggml import dequantize_op, ggml_dequantize
-from .tensors.ggml_blocks import GGMLBlockTensor
 
 
 class BlockEmbedding(nn.Module):

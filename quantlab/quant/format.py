@@ -11,6 +11,7 @@ from torch import nn
 
 from ..dtypes import DTYPES, SHORT_DTYPE, DtypeName  # noqa: F401  (re-exported for the formats)
 from ..registry import Registry
+from .tensors.base import Spec
 
 
 @dataclass
@@ -111,10 +112,25 @@ class WeightFormat(BaseModel):
                                  "give both the same compute_dtype (to keep modules unquantized, use exclude)")
         return self
 
+    def stored_specs(self) -> tuple[Spec, ...]:
+        """The stored forms this config writes into the linears it quantizes (its overrides aside), described from
+        the config alone for the codecs; empty: none that any export target is asked about."""
+        return ()
+
     @property
     def exports(self) -> tuple[str, ...]:
-        """The checkpoint formats a model quantized with this config can be written in (``gptq``: ``save_gptq``)."""
-        return ()
+        """The export targets a model quantized with this config can be written to: those whose codecs claim every
+        form it stores (``quant.codecs``), and for a mix those that give each module its own setting and take
+        every override's format too. A format that rounds its activations exports nowhere (no target's files
+        written here would round them)."""
+        from .codecs import EXPORTERS, per_module_targets, targets_holding
+
+        if getattr(self, "activations", None) is not None:
+            return ()
+        own = targets_holding(self.stored_specs(), EXPORTERS.names())
+        if not self.overrides:
+            return own
+        return tuple(t for t in per_module_targets(own) if all(t in o.format.exports for o in self.overrides))
 
     exports_decided_at_export: ClassVar[bool] = False  # True: whether it exports depends on the quantized model
 

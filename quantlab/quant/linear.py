@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .kernels.base import Kernel, choose_kernel
-from .tensors.affine import QuantizedTensor
+from .tensors.base import WeightTensor
 
 
 @functools.cache
@@ -30,19 +30,19 @@ def linear_weight(module: nn.Module) -> torch.Tensor:
 class QuantizedLinear(nn.Module):
     """``y = x @ Wᵀ + b`` with W held by a ``Kernel`` (packed codes, scales, zeros in that kernel's layout)."""
 
-    def __init__(self, kernel: Kernel, bias: torch.Tensor | None, bits: int, group_size: int | None,
+    def __init__(self, kernel: Kernel, bias: torch.Tensor | None, form: str,
                  settings: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.kernel = kernel
         self.out_features, self.in_features = kernel.shape
-        self.bits, self.group_size = bits, group_size
+        self.form = form  # the stored form in a few words (WeightTensor.describe)
         self.settings = dict(settings or {})  # how the codes were chosen (method, true_sequential...), for exports
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.register_buffer("input_scale", None)  # [in]: multiplies the input (AWQ's unfolded scales); or None
         self.input_rounding: nn.Module | None = None  # rounds the input to a format's grid (W4A4, W8A8), or None
 
     @classmethod
-    def from_linear(cls, module: nn.Module, q: QuantizedTensor, kernels: list[str] | None = None,
+    def from_linear(cls, module: nn.Module, q: WeightTensor, kernels: list[str] | None = None,
                     settings: dict[str, Any] | None = None,
                     input_rounding: nn.Module | None = None) -> "QuantizedLinear":
         """Replace ``module``'s weight by ``q``, stored for the fastest kernel among ``kernels`` (default: any);
@@ -51,7 +51,7 @@ class QuantizedLinear(nn.Module):
         weight = linear_weight(module)
         kernel = choose_kernel(q, weight.device, weight.dtype, kernels)
         bias = module.bias.data.clone() if getattr(module, "bias", None) is not None else None
-        layer = cls(kernel, bias, q.bits, q.group_size, settings)
+        layer = cls(kernel, bias, q.describe(), settings)
         layer.input_rounding = input_rounding
         return layer
 
@@ -83,5 +83,4 @@ class QuantizedLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
-        g = "per-channel" if self.group_size is None else f"group={self.group_size}"
-        return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, {g}, kernel={self.kernel_path}"
+        return f"in={self.in_features}, out={self.out_features}, {self.form}, kernel={self.kernel_path}"

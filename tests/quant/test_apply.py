@@ -86,9 +86,9 @@ def test_overrides_give_matching_modules_their_own_format_and_the_label_names_th
     report = quantize_(model, fmt)
     layer = model.model.layers[1]
     assert isinstance(layer.self_attn.o_proj, nn.Linear) and "model.layers.1.self_attn.o_proj" in report.kept
-    assert (layer.mlp.down_proj.bits, layer.mlp.down_proj.group_size) == (8, None)
-    assert (layer.self_attn.q_proj.bits, layer.self_attn.q_proj.group_size) == (3, 32)
-    assert (layer.mlp.up_proj.bits, layer.mlp.up_proj.group_size) == (4, 64)
+    assert layer.mlp.down_proj.form == "8-bit per channel"
+    assert layer.self_attn.q_proj.form == "3-bit group 32"
+    assert layer.mlp.up_proj.form == "4-bit group 64"
     assert report.details["model.layers.1.mlp.down_proj"]["format"] == "int8-pc-asym"
     assert report.details["model.layers.1.mlp.up_proj"]["format"] == "int4-g64-asym"
     assert len(report.replaced) == 2 * 6 and sorted(report.kept) == sorted(
@@ -118,7 +118,7 @@ def test_a_calibrated_entry_sees_its_overrides_already_quantized() -> None:
     assert fmt.needs_calibration
     g = torch.Generator().manual_seed(0)
     report = quantize_(model, fmt, [torch.randint(0, 4096, (1, 32), generator=g) for _ in range(4)])
-    assert model.model.layers[0].mlp.down_proj.bits == 8 and model.model.layers[0].mlp.up_proj.bits == 4
+    assert model.model.layers[0].mlp.down_proj.form.startswith("8-bit") and model.model.layers[0].mlp.up_proj.form.startswith("4-bit")
     assert "output_error_gptq" in report.details["model.layers.0.mlp.up_proj"]
     assert "output_error_gptq" not in report.details["model.layers.0.mlp.down_proj"]
     # An RTN entry with a GPTQ override needs calibration too.
@@ -143,7 +143,7 @@ def test_an_override_naming_the_head_quantizes_it_and_reads_fewer_bytes(tied: bo
     assert fmt.label == "int4-g32-asym+int8-pc-asym@lm_head"
     report = quantize_(model, fmt)
     quantize_(plain, _fmt("int4", group_size=32))
-    assert "lm_head" in report.replaced and report.kept == [] and model.lm_head.bits == 8
+    assert "lm_head" in report.replaced and report.kept == [] and model.lm_head.form.startswith("8-bit")
     assert torch.equal(model.model.embed_tokens.weight, table)  # a tied table stays whole for the lookup
     with torch.no_grad():  # the int8 head's own error, beside the same int4 layers with the head unquantized
         assert _snr_db(plain(ids).logits, model(ids).logits) > 35

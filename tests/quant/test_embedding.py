@@ -7,7 +7,7 @@ from quantlab import QuantizedLinear, quantize_
 from quantlab.engine.memory import decode_weight_bytes_read, weight_bytes_analytic, weight_bytes_by_component
 from quantlab.quant.embedding import BlockEmbedding
 from quantlab.quant.format import build_format
-from quantlab.quant.kernels.ggml import quantize_ggml
+from quantlab.quant.forms.ggml.kernel import quantize_ggml
 from tests.conftest import make_llama
 
 IDS = torch.tensor([[0, 5, 4095, 5, 17]])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import UnsupportedError
-from ..tensors.affine import QuantizedTensor
+from ..forms.affine.tensor import QuantizedTensor
 from ..tensors.primitives import ClipSearch, check_finite, choose_qparams, max_code, pack
 
 

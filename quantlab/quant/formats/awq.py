@@ -31,9 +31,9 @@ from torch import nn
 from ...errors import UnsupportedError
 from ..calibrate.layers import StopForward, calibrated_layers, execution_groups, hidden_of, run_layer, with_hidden
 from ..format import DTYPES, WEIGHT_FORMATS, Calibration
+from ..forms.affine.tensor import padded_columns, quantize_tensor
 from ..linear import QuantizedLinear, linear_types, linear_weight
 from ..offload import is_dispatched
-from ..tensors.affine import padded_columns, quantize_tensor
 from .rtn import AffineFormat
 
 PseudoQuantize = Callable[[torch.Tensor], torch.Tensor]  # weight [out, in] -> its quantized-dequantized values

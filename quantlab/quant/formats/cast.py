@@ -8,6 +8,7 @@ from torch import nn
 
 from ..format import DTYPES, SHORT_DTYPE, WEIGHT_FORMATS, DtypeName, WeightFormat
 from ..offload import cast_
+from ..tensors.base import Spec
 
 
 @WEIGHT_FORMATS.register("cast", "every tensor cast to a floating-point dtype (field: dtype)")
@@ -19,10 +20,8 @@ class CastFormat(WeightFormat):
     def scheme_label(self) -> str:
         return SHORT_DTYPE[self.dtype]
 
-    @property
-    def exports(self) -> tuple[str, ...]:
-        """GGUF holds float32, float16 and bfloat16 tensors as they are."""
-        return ("gguf",) if self.is_plain else ()
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("dense", {"dtype": self.dtype}),)
 
     def prepare_model_(self, model: nn.Module) -> None:
         cast_(model, DTYPES[self.dtype])

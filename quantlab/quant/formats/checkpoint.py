@@ -28,13 +28,14 @@ from torch import nn
 
 from ...errors import UnsupportedError
 from ..format import WEIGHT_FORMATS, Calibration, WeightFormat
+from ..forms.affine.awq_layout import from_awq_tensors
+from ..forms.affine.gptq_layout import FORMATS as GPTQ_FORMATS
+from ..forms.affine.gptq_layout import from_gptq_tensors
+from ..forms.affine.tensor import QuantizedTensor
+from ..forms.ggml.tensor import GGMLBlockTensor
 from ..kernels.base import KernelName, choose_kernel
 from ..linear import QuantizedLinear, linear_types, linear_weight
-from ..tensors.affine import QuantizedTensor
-from ..tensors.awq_layout import from_awq_tensors
-from ..tensors.ggml_blocks import GGMLBlockTensor
-from ..tensors.gptq_layout import FORMATS as GPTQ_FORMATS
-from ..tensors.gptq_layout import from_gptq_tensors
+from ..tensors.base import Spec
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,8 @@ class CheckpointFormat(WeightFormat):
             return f"ckpt-gguf-{Path(self.path).stem}"
         return f"ckpt-{self.settings.label}-{Path(self.path).name}"
 
-    @property
-    def exports(self) -> tuple[str, ...]:
-        return ("gguf",) if is_gguf(self.path) else ()  # a GGUF's blocks are written back as they were read
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("ggml"),) if is_gguf(self.path) else ()  # a GGUF's blocks are written back as they were read
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         if is_gguf(self.path):
@@ -179,7 +179,7 @@ class CheckpointFormat(WeightFormat):
             q = q.to(weight.device)
             bias = tensors.pop(f"{name}.bias", None)
             new = QuantizedLinear(choose_kernel(q, weight.device, weight.dtype, None if self.kernel == "auto" else [self.kernel]),
-                                  None if bias is None else bias.to(weight.device, weight.dtype), q.bits, q.group_size,
+                                  None if bias is None else bias.to(weight.device, weight.dtype), q.describe(),
                                   {"method": settings.method, "checkpoint": str(folder)})
             model.set_submodule(name, new)
             details[name] = {"checkpoint_layout": settings.layout}
@@ -218,7 +218,7 @@ class CheckpointFormat(WeightFormat):
             bias = getattr(old, "bias", None)
             model.set_submodule(name, QuantizedLinear(
                 choose_kernel(q, weight.device, weight.dtype, kernels), None if bias is None else bias.data.clone(),
-                q.bits, q.group_size, {"method": "gguf", "ggml_type": q.ggml_type, "checkpoint": self.path}))
+                q.describe(), {"method": "gguf", "ggml_type": q.ggml_type, "checkpoint": self.path}))
         head_on_table = any(d["gguf_tensor"] == TIED_HEAD_SOURCE for d in details.values())
         self._gguf_embedding(model, found, stems, details, head_on_table)
         for key, param in model.state_dict().items():

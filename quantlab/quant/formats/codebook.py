@@ -8,8 +8,9 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from ..format import WEIGHT_FORMATS, QuantizedWeightFormat
+from ..forms.codebook.tensor import BLOCK_SIZES, CodebookTensor, quantize_codebook
 from ..linear import QuantizedLinear, linear_weight
-from ..tensors.codebook import BLOCK_SIZES, CodebookTensor, quantize_codebook
+from ..tensors.base import Spec
 
 
 class CodebookFormat(QuantizedWeightFormat):
@@ -31,6 +32,9 @@ class CodebookFormat(QuantizedWeightFormat):
     def scheme_label(self) -> str:
         parts = [self.codebook, f"b{self.block_size}"] + (["dq"] if self.double_quant else [])
         return "-".join(parts + self.compute_dtype_label())
+
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("codebook", {"codebook": self.codebook, "block_size": self.block_size}),)
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return CodebookTensor.analytic_nbytes((out_features, in_features), self.block_size, self.double_quant)

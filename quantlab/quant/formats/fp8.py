@@ -18,8 +18,9 @@ from torch import nn
 
 from ..activations import ActivationFormat, rounding_module
 from ..format import WEIGHT_FORMATS, QuantizedWeightFormat
+from ..forms.float8.tensor import Float8Tensor, quantize_fp8
 from ..linear import QuantizedLinear, linear_weight
-from ..tensors.float8 import Float8Tensor, quantize_fp8
+from ..tensors.base import Spec
 
 
 class FP8Format(QuantizedWeightFormat):
@@ -52,11 +53,8 @@ class FP8Format(QuantizedWeightFormat):
         parts += [self.activations.label] if self.activations else []
         return "-".join(parts + self.compute_dtype_label() + ([self.kernel] if self.kernel != "auto" else []))
 
-    @property
-    def exports(self) -> tuple[str, ...]:
-        """compressed-tensors' float-quantized weights are e4m3 with a scale per channel, tensor or block."""
-        plain = self.kind == "e4m3" and not self.overrides and not self.activations
-        return ("compressed-tensors",) if plain else ()
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("float8", {"element": self.kind, "per_tensor": self.per_tensor, "block_size": self.block_size}),)
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return Float8Tensor.analytic_nbytes((out_features, in_features), self.per_tensor, self.block_size)

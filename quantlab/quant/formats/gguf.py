@@ -1,7 +1,7 @@
 """ggml's block types as a weight format: ``{format: gguf, type: Q4_K}``, quantized by ggml's own code.
 
 Each selected linear is stored in the asked type, or in the type llama.cpp's quantizer substitutes where its
-rows are not whole blocks of it (``tensors/ggml_blocks.row_type``: Q4_K → Q5_0 for a row of 576, SmolLM2's
+rows are not whole blocks of it (``forms/ggml/tensor.row_type``: Q4_K → Q5_0 for a row of 576, SmolLM2's
 hidden size), so the bytes are those of the GGUF file llama.cpp would write, and the model exports to that
 file as it was measured. ``imatrix: true`` takes an importance matrix from the recipe's calibration (the
 unquantized model's mean squared input per column, as ``llama-imatrix`` computes it) and quantizes with it, as
@@ -18,9 +18,10 @@ from torch import nn
 
 from ..calibrate.imatrix import collect_imatrix
 from ..format import WEIGHT_FORMATS, Calibration, QuantizedWeightFormat
-from ..kernels.ggml import quantize_ggml
+from ..forms.ggml.kernel import quantize_ggml
+from ..forms.ggml.tensor import GGML_TYPES, GGMLBlockTensor, row_type
 from ..linear import QuantizedLinear, linear_weight
-from ..tensors.ggml_blocks import GGML_TYPES, GGMLBlockTensor, row_type
+from ..tensors.base import Spec
 from .gguf_recipes import RECIPES, TensorRole, category, heads_per_kv_head, layer_of, recipe_types
 
 GGMLTypeName = Literal["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
@@ -77,9 +78,8 @@ class GGUFFormat(QuantizedWeightFormat):
         parts = ["gguf", (self.type or self.recipe or "").lower()] + (["imat"] if self.imatrix else [])
         return "-".join(parts + self.compute_dtype_label() + ([self.kernel] if self.kernel != "auto" else []))
 
-    @property
-    def exports(self) -> tuple[str, ...]:
-        return ("gguf",)
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("ggml", {"ggml_type": self.type}),)
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         if self.type is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..tensors.ggml_blocks import GGML_TYPES, row_type
+from ..forms.ggml.tensor import GGML_TYPES, row_type
 
 # file type -> its default ggml type
 RECIPES: dict[str, str] = {

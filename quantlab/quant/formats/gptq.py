@@ -10,8 +10,8 @@ from torch import nn
 from ..calibrate.gptq_solve import gptq_quantize
 from ..calibrate.layers import quantize_sequential_
 from ..format import DTYPES, WEIGHT_FORMATS, Calibration
+from ..forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..linear import QuantizedLinear, linear_weight
-from ..tensors.affine import QuantizedTensor, quantize_tensor
 from .rtn import AffineFormat
 
 

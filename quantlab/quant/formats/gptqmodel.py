@@ -22,9 +22,9 @@ from torch import nn
 
 from ...errors import UnsupportedError
 from ..format import WEIGHT_FORMATS, Calibration
+from ..forms.affine.gptq_layout import from_gptq_tensors
 from ..io.export import untied_tensors
 from ..linear import QuantizedLinear
-from ..tensors.gptq_layout import from_gptq_tensors
 from .gptq import GPTQSettings
 
 

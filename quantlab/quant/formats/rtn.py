@@ -8,10 +8,11 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from ..format import DTYPES, WEIGHT_FORMATS, DtypeName, QuantizedWeightFormat
+from ..forms.affine.float_zero import FloatZeroTensor, quantize_float_zero
+from ..forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..kernels.base import KernelName
 from ..linear import QuantizedLinear, linear_weight
-from ..tensors.affine import QuantizedTensor, quantize_tensor
-from ..tensors.float_zero import FloatZeroTensor, quantize_float_zero
+from ..tensors.base import Spec
 from ..tensors.primitives import ClipSearch
 
 
@@ -60,28 +61,10 @@ class AffineFormat(QuantizedWeightFormat):
             parts.append(self.kernel)
         return "-".join(parts)
 
-    @property
-    def exports(self) -> tuple[str, ...]:
-        """The export targets that hold this config's numbers whatever the kernel (from the stored form): GPTQ's
-        layout 2-, 4- and 8-bit integer zero points per channel or group; compressed-tensors any width with integer
-        zero points, in order; AWQ's 4-bit groups; GGUF's blocks 4- and 5-bit codes, and symmetric 8-bit ones, in
-        groups of multiples of 32. Whether a module's shape fits (a group that divides it) is checked at export."""
-        integer = self.zero_point == "int" and not self.per_tensor
-        in_order = not self.stores_group_index
-        blocks = self.group_size is None or self.group_size % 32 == 0
-        own = {
-            "gptq": integer and self.bits in (2, 4, 8),
-            "compressed-tensors": integer and in_order,
-            "awq": integer and in_order and self.bits == 4 and self.group_size is not None,
-            "gguf": blocks and in_order and not self.per_tensor and (self.bits in (4, 5) or
-                                                                   self.bits == 8 and self.symmetric),
-        }
-        targets = tuple(t for t, ok in own.items() if ok)
-        if not self.overrides:
-            return targets
-        from ..io.export import per_module_targets  # a mix goes where each module keeps its own setting
-
-        return tuple(t for t in per_module_targets(targets) if all(t in o.format.exports for o in self.overrides))
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("float_zero" if self.zero_point == "float" else "affine",
+                     {"bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric,
+                      "per_tensor": self.per_tensor, "act_order": self.stores_group_index}),)
 
     @property
     def stores_group_index(self) -> bool:

@@ -16,29 +16,10 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
-from ..tensors.awq_layout import pack_awq
-from .export import (
-    EXPORTERS,
-    Exporter,
-    ExportResult,
-    LinearWeight,
-    integer_form,
-    other_tensors,
-    scale_cast_deviation,
-    write_checkpoint,
-)
-
-
-def awq_refusal(q: Any) -> str | None:
-    integer = integer_form(q)
-    nearest = "nearest that exports to AWQ: format: int4 (or awq, gptq) with group_size 32, 64 or 128 dividing the input"
-    if integer is None or integer.bits != 4:
-        return f"AWQ's GEMM layout holds 4-bit integer codes with integer zero points; {nearest}"
-    if integer.group_size is None or integer.shape[1] % integer.group_size or integer.g_idx is not None:
-        return f"AWQ's GEMM layout needs groups that divide the input, in order; {nearest}"
-    if integer.shape[0] % 8:
-        return f"AWQ packs eight output columns per word; {integer.shape[0]} outputs are not a multiple of 8"
-    return None
+from ..codecs.integer import IntegerCodec
+from ..forms.affine.awq_layout import pack_awq
+from ..forms.affine.codecs import scale_cast_deviation
+from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors, write_checkpoint
 
 
 @EXPORTERS.register("awq", "an AutoAWQ GEMM checkpoint folder (qweight/qzeros/scales) for transformers and vLLM, from "
@@ -46,14 +27,17 @@ def awq_refusal(q: Any) -> str | None:
 class AWQExporter(Exporter):
     name = "awq"
     one_setting = True
+    nearest = "format: int4 (or awq, gptq) with group_size 32, 64 or 128 dividing the input"
 
-    def refusal(self, module: LinearWeight) -> str | None:
-        return awq_refusal(module.stored)
+    def _integer(self, q: Any) -> Any:
+        codec = self.codec(q)
+        assert isinstance(codec, IntegerCodec)
+        return codec.integer(q)[0]
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
         result = ExportResult("awq", folder, [])
-        integers = {lw.name: integer_form(lw.stored) for lw in linears}
+        integers = {lw.name: self._integer(lw.stored) for lw in linears}
         groups = {q.group_size for q in integers.values()}
         if len(groups) != 1:
             raise UnsupportedError(f"layers use groups of {sorted(groups)}; the AWQ format has one group size "

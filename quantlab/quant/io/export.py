@@ -1,91 +1,29 @@
 """Exporters: a quantized model written in another ecosystem's format, from the numbers it holds.
 
 An exporter re-quantizes nothing. It reads each quantized linear's stored form back from its kernel
-(``Kernel.stored()``: codes, scales and zero points as measured, whatever the layout) and writes those; a
-module whose numbers the target cannot hold is a one-line refusal naming the module and what would export.
+(``Kernel.stored()``: codes, scales and zero points as measured, whatever the layout) and writes those through
+the codec of that form for its target (``quant.codecs``); a module whose numbers the target cannot hold is a
+one-line refusal naming the module and what would export.
 ``export_`` is the library call, ``quantlab export`` and a recipe's ``export:`` the others.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from ...errors import UnsupportedError
-from ...registry import Registry
+from ..codecs.targets import EXPORTERS, Exporter, ExportResult, LinearWeight, per_module_targets
 from ..embedding import BlockEmbedding
 from ..linear import QuantizedLinear
-from ..tensors.affine import QuantizedTensor
-from ..tensors.base import WeightTensor
-from ..tensors.float_zero import FloatZeroTensor
-from ..tensors.primitives import pack
+
+__all__ = ["EXPORTERS", "Exporter", "ExportResult", "LinearWeight", "export_", "per_module_targets",
+           "quantized_linears", "weights_digest", "write_checkpoint"]
 
 MANIFEST = "quantlab-export.json"  # what was written, per tensor, beside the exported files
-
-
-@dataclass
-class LinearWeight:
-    """A quantized linear as an exporter sees it: its stored form (``[out, in]``) and bias."""
-
-    name: str
-    stored: WeightTensor
-    bias: torch.Tensor | None
-    settings: dict[str, Any]
-
-
-@dataclass
-class ExportResult:
-    """What an export wrote: the folder, its main file, and per tensor the type written and any deviation."""
-
-    to: str
-    folder: Path
-    files: list[str]
-    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def max_abs_deviation(self) -> float:
-        """The largest difference between a written weight and the one measured (0: the same numbers)."""
-        return max((t.get("max_abs_deviation", 0.0) for t in self.tensors.values()), default=0.0)
-
-    def manifest(self) -> dict[str, Any]:
-        return {"to": self.to, "files": self.files, "max_abs_deviation": self.max_abs_deviation,
-                "notes": self.notes, "tensors": self.tensors}
-
-
-class Exporter:
-    """Writes a model quantized by quantlab in one target format. Subclasses are registered in ``EXPORTERS``."""
-
-    name: ClassVar[str]
-    summary: ClassVar[str]
-    one_setting: ClassVar[bool] = False  # the layout holds one quantization setting for every layer (no mixes)
-
-    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
-              source: Path | None) -> ExportResult:
-        """Write ``model``, whose quantized ``linears`` (read back once, none refused) it is given, into
-        ``folder``; ``source`` is the model's own file or folder where known (a GGUF file's metadata and
-        tokenizer are copied from it), ``tokenizer`` the loaded tokenizer."""
-        raise NotImplementedError
-
-    def check_available(self) -> None:
-        """Raise a one-line error when a package this target writes with is missing."""
-
-    def refusal(self, module: LinearWeight) -> str | None:
-        """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None."""
-        raise NotImplementedError
-
-
-EXPORTERS: Registry[Exporter] = Registry("export target")
-
-
-def per_module_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``targets`` whose layout gives each module its own setting, so a per-module mix can be written."""
-    return tuple(t for t in targets if not EXPORTERS[t].cls.one_setting)
 
 
 def quantized_linears(model: nn.Module) -> list[LinearWeight]:
@@ -152,24 +90,6 @@ def other_tensors(model: nn.Module, linears: list[LinearWeight]) -> dict[str, to
         return any(".".join(parts[:i]) in names for i in range(1, len(parts)))
 
     return untied_tensors({k: v for k, v in model.state_dict().items() if not inside(k)})
-
-
-def integer_form(q: WeightTensor) -> QuantizedTensor | None:
-    """``q`` as integer codes with integer zero points (HQQ's float zero points where every one is a whole
-    number), or None when it has no such form."""
-    if isinstance(q, QuantizedTensor):
-        return q
-    if isinstance(q, FloatZeroTensor):
-        z = q.zeros.float()
-        if torch.equal(z, torch.round(z)) and bool(((z >= 0) & (z < (1 << q.bits))).all()):
-            return QuantizedTensor(q.packed, q.scales, pack(z.to(torch.uint8), q.bits), q.shape, q.bits, q.group_size)
-    return None
-
-
-def scale_cast_deviation(q: QuantizedTensor, dtype: torch.dtype) -> float:
-    """Largest change to the weight from writing its scales as ``dtype`` (0 where the cast is exact)."""
-    written = dataclasses.replace(q, scales=q.scales.to(dtype))
-    return float((written.dequantize() - q.dequantize()).abs().max())
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",

@@ -1,52 +1,32 @@
-"""GGUF for llama.cpp: each quantized linear in the ggml block type that holds its numbers.
-
-Integer codes in blocks of 32 along the input (any group size that is a multiple of 32, per channel included,
-since a group's scale is then repeated in each of its blocks) map onto ggml's legacy types:
-
-- symmetric 4-bit → Q4_0 (``d · (q − 8)``), symmetric 5-bit → Q5_0 (``d · (q − 16)``), symmetric 8-bit → Q8_0
-  (``d · (q − 128)``, stored as int8): exactly, with ``d`` the group scale in float16;
-- asymmetric 4- and 5-bit (integer or float zero points, HQQ's) → Q4_1 / Q5_1 (``d · q + m``): the codes and
-  ``d`` exactly, ``m = −z · d`` rounded to float16 (at most half a float16 ulp of ``m``: 0.73% of the group's
-  quantization step for 4-bit codes, 1.5% for 5-bit); the manifest gives each tensor's largest deviation.
-
-A weight stored in a ggml block type (the ``gguf`` weight format: Q2_K … Q6_K, IQ4_NL, IQ4_XS and the legacy
-types, quantized by ggml's own code) is written as its blocks, byte for byte.
-
-Other stored forms (3-bit, NF4/FP4, FP8, act-order columns, groups that are not whole blocks of 32) have no
-ggml type holding their numbers and are refused with the nearest format that exports. Tensors left in
-floating point are written in their dtype (F32, F16, BF16); norms in F32, as llama.cpp expects. Names, the
-llama-family Q/K row order and Gemma's ``1 + weight`` norms follow llama.cpp's converter; metadata and
-tokenizer come from the model's source GGUF when it was loaded from one, otherwise from its config and
-tokenizer folder (llama, mistral, qwen2, gemma3 and gpt2: ``gguf_metadata``).
+"""GGUF for llama.cpp: each quantized linear in the ggml type that holds its numbers, written by its stored
+form's codec (``quant/forms/<form>/codecs.py``): integer codes in blocks of 32 as Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, ggml
+blocks (the ``gguf`` weight format: Q2_K … Q6_K, IQ4_NL, IQ4_XS and the legacy types, quantized by ggml's own code)
+as they are held, byte for byte, MXFP4 as ggml's MXFP4. Forms without a ggml type holding their numbers are refused
+with the nearest format that exports. Tensors left in floating point are written in their dtype (F32, F16,
+BF16); norms in F32, as llama.cpp expects. Names, the llama-family Q/K row order and Gemma's ``1 + weight`` norms
+follow llama.cpp's converter; metadata and tokenizer come from the model's source GGUF when it was loaded from
+one, otherwise from its config and tokenizer folder (llama, mistral, qwen2, gemma3 and gpt2: ``gguf_metadata``).
 """
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from ...errors import UnsupportedError
+from ..codecs.gguf import GGUFCodec
 from ..linear import QuantizedLinear, linear_types, linear_weight
-from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
-from ..tensors.float_zero import FloatZeroTensor
-from ..tensors.ggml_blocks import GGMLBlockTensor
 from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors
 from .gguf_metadata import metadata_from_config, tokenizer_from_folder
 
-BLOCK = 32
 GGUF_FILE = "model.gguf"
-# (bits, symmetric) -> ggml type name; float zero points are asymmetric.
-BLOCK_TYPES = {(4, True): "Q4_0", (4, False): "Q4_1", (5, True): "Q5_0", (5, False): "Q5_1", (8, True): "Q8_0"}
-NEAREST = ("format: gguf with any ggml type (type: Q4_K ...), int4 with group_size: 32 (Q4_1), with symmetric: true "
-           "(Q4_0), or int8 with group_size: 32, symmetric: true (Q8_0)")
 # transformers model_type -> llama.cpp architecture
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma3": "gemma3", "gemma3_text": "gemma3",
                  "gpt2": "gpt2"}
@@ -55,80 +35,6 @@ NORM_PLUS_ONE = ("gemma3",)  # Gemma's RMSNorm multiplies by 1 + weight; llama.c
 # the file's general.file_type for its most common tensor type (llama.cpp's llama_ftype; a k-quant alone: its _S)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
               "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32, "MXFP4": 38}
-
-
-@dataclass(frozen=True)
-class Codec:
-    """How one stored form is written as ggml blocks: its ggml type (or why it has none) and its blocks, uint8
-    ``[out, in / block · block bytes]``."""
-
-    block_type: Callable[[WeightTensor], tuple[str | None, str]]
-    encode: Callable[[WeightTensor, str], np.ndarray]
-
-
-CODECS: dict[type[WeightTensor], Codec] = {}  # stored forms outside the built-in ones, by class
-
-
-def register_codec(form: type[WeightTensor], codec: Codec) -> None:
-    """Write ``form`` through ``codec`` (a stored form's folder registers its own)."""
-    CODECS[form] = codec
-
-
-def block_type(q: WeightTensor) -> tuple[str | None, str]:
-    """``(ggml type, "")`` for a stored form that maps onto one, else ``(None, why)``."""
-    if type(q) in CODECS:
-        return CODECS[type(q)].block_type(q)
-    if isinstance(q, GGMLBlockTensor):
-        return q.ggml_type, ""
-    if not isinstance(q, (QuantizedTensor, FloatZeroTensor)):
-        return None, f"{type(q).__name__} ({_describe(q)}) has no ggml type holding its numbers"
-    symmetric = isinstance(q, QuantizedTensor) and q.symmetric
-    kind = BLOCK_TYPES.get((q.bits, symmetric))
-    if kind is None:
-        return None, f"{q.bits}-bit {'symmetric' if symmetric else 'asymmetric'} codes have no ggml block type"
-    if isinstance(q, QuantizedTensor) and (q.g_idx is not None or q.per_tensor):
-        return None, "act-order columns (g_idx) or one scale per tensor have no ggml block type"
-    group = q.group_size or q.shape[1]
-    if q.shape[1] % BLOCK or group % BLOCK:
-        return None, f"groups of {group} over {q.shape[1]} inputs are not whole blocks of 32"
-    return kind, ""
-
-
-def _describe(q: WeightTensor) -> str:
-    return ", ".join(f"{k}={getattr(q, k)}" for k in ("codebook", "bits", "group_size") if hasattr(q, k))
-
-
-def encode_blocks(q: QuantizedTensor | FloatZeroTensor | GGMLBlockTensor, kind: str) -> np.ndarray:
-    """The tensor's ggml blocks: uint8 ``[out, in / 32 · block bytes]``, laid out as ggml's ``block_<kind>``."""
-    if type(q) in CODECS:
-        return CODECS[type(q)].encode(q, kind)
-    if isinstance(q, GGMLBlockTensor):
-        return q.blocks.cpu().contiguous().numpy()
-    out, n_in = q.shape
-    nb = n_in // BLOCK
-    codes = q.codes().to(torch.int32).reshape(out, nb, BLOCK)
-    group = q.group_size or n_in
-    block_group = torch.arange(nb) * BLOCK // group
-    scale = q.row_scales().float()[:, block_group]  # [out, nb]
-    parts = [_f16(scale)]
-    if kind in ("Q4_1", "Q5_1"):
-        zero = q.row_zero_points().float()[:, block_group]
-        parts.append(_f16(-zero * scale))
-    if kind == "Q8_0":
-        parts.append((codes - 128).to(torch.int8).view(torch.uint8))
-    else:
-        low = codes & 0xF
-        if kind in ("Q5_0", "Q5_1"):
-            high = (codes >> 4) & 1  # bit j: element j's fifth bit, little-endian uint32
-            qh = (high << torch.arange(BLOCK, dtype=torch.int32)).sum(-1).to(torch.int64)
-            parts.append(torch.stack([(qh >> (8 * i)) & 0xFF for i in range(4)], -1).to(torch.uint8))
-        parts.append((low[..., :16] | (low[..., 16:] << 4)).to(torch.uint8))
-    return torch.cat(parts, dim=-1).reshape(out, -1).numpy()
-
-
-def _f16(x: torch.Tensor) -> torch.Tensor:
-    """``x [..]`` as float16 bytes ``[.., 2]`` (little-endian)."""
-    return x.to(torch.float16).contiguous().view(torch.uint8).reshape(*x.shape, 2)
 
 
 def dense_array(t: torch.Tensor) -> tuple[np.ndarray, str]:
@@ -179,16 +85,14 @@ def _field(reader: Any, name: str) -> Any:
                     "per-module mixes keep each tensor's type")
 class GGUFExporter(Exporter):
     name = "gguf"
+    nearest = ("format: gguf with any ggml type (type: Q4_K ...), int4 with group_size: 32 (Q4_1), with symmetric: "
+               "true (Q4_0), int8 with group_size: 32, symmetric: true (Q8_0), or mxfp4")
 
     def check_available(self) -> None:
         try:
             import gguf  # noqa: F401
         except ImportError:
             raise UnsupportedError("exporting to GGUF needs the gguf package (pip install gguf)") from None
-
-    def refusal(self, module: LinearWeight) -> str | None:
-        kind, why = block_type(module.stored)
-        return None if kind else f"{why}; nearest that exports to GGUF: {NEAREST}"
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
@@ -208,9 +112,11 @@ class GGUFExporter(Exporter):
         shared = _embedding_sharing_head(model)  # the head's blocks are the token embedding's: written once, as it
         for lw in linears:
             name = lw.name
-            kind, _ = block_type(lw.stored)
-            blocks = encode_blocks(lw.stored, kind)
-            deviation = _deviation(blocks, kind, lw.stored)
+            codec = self.codec(lw.stored)
+            assert isinstance(codec, GGUFCodec)
+            kind = codec.ggml_type(lw.stored)
+            blocks = codec.encode(lw.stored, kind)
+            deviation = 0.0 if codec.exact else _deviation(blocks, kind, lw.stored)
             rows = qk_rows(name, config, blocks.shape[0]) if arch in PERMUTES_QK else None
             if rows is not None:
                 blocks = blocks[rows.numpy()]
@@ -295,12 +201,8 @@ def linear_tensor_names(model: nn.Module) -> dict[str, str]:
 
 
 def _deviation(blocks: np.ndarray, kind: str, q: WeightTensor) -> float:
-    """Largest ``|llama.cpp's dequantization − quantlab's|`` over the tensor (gguf-py's reference decoder); none for
-    ggml blocks, which are written as they are held."""
+    """Largest ``|llama.cpp's dequantization − quantlab's|`` over the tensor (gguf-py's reference decoder)."""
     import gguf
-
-    if isinstance(q, GGMLBlockTensor):
-        return 0.0
 
     theirs = gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
     return float(np.abs(theirs - q.dequantize(torch.float32).numpy()).max())

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
-from ..tensors.ggml_blocks import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor, row_bytes
+from ..forms.ggml.tensor import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor, row_bytes
 from .gguf import NORM_PLUS_ONE, PERMUTES_QK, architecture, qk_rows, tensor_name_map
 
 DENSE_TYPES = ("F32", "F16", "BF16")

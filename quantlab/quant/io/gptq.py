@@ -20,37 +20,21 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
+from ..codecs.integer import IntegerCodec
+from ..forms.affine.codecs import scale_cast_deviation
+from ..forms.affine.gptq_layout import FORMATS, from_gptq_tensors, to_gptq_tensors
+from ..forms.affine.tensor import QuantizedTensor
 from ..kernels.base import DequantKernel, choose_kernel
 from ..linear import QuantizedLinear
-from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
-from ..tensors.float_zero import FloatZeroTensor
-from ..tensors.gptq_layout import EXPORT_BITS, FORMATS, from_gptq_tensors, to_gptq_tensors
-from .export import (
-    EXPORTERS,
-    Exporter,
-    ExportResult,
-    LinearWeight,
-    integer_form,
-    other_tensors,
-    quantized_linears,
-    scale_cast_deviation,
-    write_checkpoint,
-)
+from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors, quantized_linears, write_checkpoint
 
 
-def gptq_refusal(q: WeightTensor) -> str | None:
-    """Why the GPTQ layout cannot hold ``q`` (naming what would), or None."""
-    integer = integer_form(q)
-    if integer is None:
-        what = "float zero points that are not whole numbers (HQQ)" if isinstance(q, FloatZeroTensor) else \
-            f"{type(q).__name__} values"
-        return f"{what} have no GPTQ form; nearest that exports: format: int4 (or gptq) with integer zero points"
-    if integer.bits not in EXPORT_BITS:
-        return f"{integer.bits}-bit codes: the GPTQ layout is written for bits {EXPORT_BITS}"
-    if integer.per_tensor:
-        return "one scale per tensor: the GPTQ layout has a scale per channel or group"
-    return None
+def _integer(exporter: Exporter, q: WeightTensor) -> QuantizedTensor:
+    codec = exporter.codec(q)
+    assert isinstance(codec, IntegerCodec)
+    found, _ = codec.integer(q)
+    return found
 
 
 def save_gptq(
@@ -62,8 +46,9 @@ def save_gptq(
     ``checkpoint_format``: ``gptq`` (v1), ``gptq_v2``, or ``auto``: v2 for asymmetric weights, v1 for symmetric
     ones (what GPTQModel loads)."""
     linears = quantized_linears(model)
+    exporter = GPTQExporter()
     for lw in linears:
-        problem = gptq_refusal(lw.stored)
+        problem = exporter.refusal(lw)
         if problem:
             raise UnsupportedError(f"{lw.name}: {problem}")
     folder = Path(folder)
@@ -74,7 +59,7 @@ def save_gptq(
 def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
                checkpoint_format: str = "auto", extra_config: dict[str, Any] | None = None,
                source: Path | None = None) -> tuple[dict[str, QuantizedTensor], list[str]]:
-    """The GPTQ checkpoint of ``model`` from its ``linears`` (none refused by ``gptq_refusal``) into ``folder``;
+    """The GPTQ checkpoint of ``model`` from its ``linears`` (none refused by ``GPTQExporter.refusal``) into ``folder``;
     returns each linear's integer form as written, and the files written."""
     if checkpoint_format not in (*FORMATS, "auto"):
         raise UnsupportedError(f"checkpoint_format must be auto or one of {FORMATS}, got {checkpoint_format!r}")
@@ -84,7 +69,7 @@ def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, toke
     settings = set()
     written: dict[str, QuantizedTensor] = {}
     for lw in linears:
-        q = written[lw.name] = integer_form(lw.stored)
+        q = written[lw.name] = _integer(GPTQExporter(), lw.stored)
         if checkpoint_format == "auto":
             checkpoint_format = "gptq" if q.symmetric else "gptq_v2"
         settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None,
@@ -136,7 +121,7 @@ def load_gptq(
         bias = tensors.pop(f"{name}.bias", None)
         q = q.to(device)
         new = QuantizedLinear(DequantKernel(q) if kernels is None else choose_kernel(q, torch.device(device), dtype, kernels),
-                              None if bias is None else bias.to(device, dtype), q.bits, q.group_size,
+                              None if bias is None else bias.to(device, dtype), q.describe(),
                               {"true_sequential": bool(qconfig.get("true_sequential", False))})
         model.set_submodule(name, new)
     model.load_state_dict({k: v.to(device, dtype) for k, v in tensors.items()}, strict=False, assign=True)
@@ -152,9 +137,7 @@ def load_gptq(
 class GPTQExporter(Exporter):
     name = "gptq"
     one_setting = True
-
-    def refusal(self, module: LinearWeight) -> str | None:
-        return gptq_refusal(module.stored)
+    nearest = "format: int4 (or gptq) with integer zero points"
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:

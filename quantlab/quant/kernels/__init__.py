@@ -1,6 +1,6 @@
-"""Matmul paths for quantized weights, one module per family. Importing this package registers every built-in
-one; ``kernel: auto`` tries them in the order of their declared ``preference``."""
-from . import bitplane, fp8, ggml, gptqmodel, lut4, torch_int  # noqa: F401  (registration)
+"""The kernel interface and registry: a matmul path for a stored form, ``auto`` trying them in the order of their
+declared ``preference``. Each stored form's kernels live in its folder (``quant/forms/<form>/``) and register
+there."""
 from .base import KERNELS, Kernel, choose_kernel
 
 __all__ = ["KERNELS", "Kernel", "choose_kernel"]

@@ -9,7 +9,7 @@ named, dequantize+matmul.
 """
 from __future__ import annotations
 
-from typing import Annotated, Callable, ClassVar, Iterator
+from typing import Annotated, Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,6 @@ from torch import nn
 
 from ...errors import UnsupportedError
 from ...registry import UnknownNameError
-from ..tensors.affine import QuantizedTensor
 from ..tensors.base import WeightTensor
 
 
@@ -41,10 +40,10 @@ class Kernel(nn.Module):
 
     path: ClassVar[str]
     preference: ClassVar[int]  # ``kernel: auto`` tries kernels in ascending preference
-    tensor_type: ClassVar[type[WeightTensor] | tuple[type[WeightTensor], ...]] = QuantizedTensor  # stored forms it takes
+    tensor_type: ClassVar[type[WeightTensor] | tuple[type[WeightTensor], ...]] = WeightTensor  # stored forms it takes
 
     @classmethod
-    def supports(cls, q: QuantizedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+    def supports(cls, q: WeightTensor, device: torch.device, dtype: torch.dtype) -> bool:
         raise NotImplementedError
 
     @classmethod
@@ -169,7 +168,7 @@ def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tenso
     return torch.cat([F.linear(x, rows(r, min(r + block, out))) for r in range(0, out, block)], dim=-1)
 
 
-def act_order_columns(q: QuantizedTensor) -> torch.Tensor | None:
+def act_order_columns(q: Any) -> torch.Tensor | None:
     """For act-order tensors: input columns sorted by group, so each group is contiguous."""
     return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
 
@@ -226,7 +225,7 @@ KERNELS.register(DequantKernel)
 KernelName = Annotated[str, AfterValidator(KERNELS.check)]  # a format's ``kernel`` field: auto or a registered path
 
 
-def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None) -> Kernel:
+def choose_kernel(q: WeightTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None) -> Kernel:
     """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations.
 
     A kernel that turns out not to handle the tensor when built (``UnsupportedError``) passes the
@@ -241,7 +240,6 @@ def choose_kernel(q: QuantizedTensor, device: torch.device, dtype: torch.dtype, 
                 return DequantKernel(q) if cls is DequantKernel else cls(q, dtype)  # type: ignore[call-arg]
             except UnsupportedError as e:
                 reasons.append(str(e))
-    g = "per channel" if q.group_size is None else f"group {q.group_size}"
-    raise UnsupportedError(f"kernel {', '.join(allowed or [])} does not support {q.bits}-bit {g} weights of shape "
+    raise UnsupportedError(f"kernel {', '.join(allowed or [])} does not support {q.describe()} weights of shape "
                            f"{q.shape} with {str(dtype).removeprefix('torch.')} activations on {device.type}"
                            + (f": {'; '.join(reasons)}" if reasons else ""))

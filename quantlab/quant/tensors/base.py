@@ -2,9 +2,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a stored form holds, described without its tensors: the form's name (``WeightTensor.form``) and the
+    fields that decide where it can be written (bits, group_size, symmetric, element ...). A weight format gives
+    the specs it will store from its config alone (``WeightFormat.stored_specs``); a stored tensor gives its own
+    (``WeightTensor.spec``); codecs answer both (``quant.codecs``)."""
+
+    form: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields.get(key)
 
 
 class WeightTensor:
@@ -13,6 +28,15 @@ class WeightTensor:
     (``shape`` among them), so moving, holding in a kernel's buffers and rebuilding keep the subclass."""
 
     shape: tuple[int, int]
+    form: ClassVar[str]  # the stored form's name, which codecs are registered under
+
+    def spec(self) -> Spec:
+        """This tensor's description for the codecs (its form and deciding fields)."""
+        return Spec(self.form)
+
+    def describe(self) -> str:
+        """The stored form in a few words, for messages and a layer's repr."""
+        return self.form
 
     @classmethod
     def tensor_field_names(cls) -> tuple[str, ...]:

@@ -7,8 +7,8 @@ import torch
 from quantlab import UnsupportedError, quantize_
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.quant.formats.awq import enclosing_module, fold_, fold_target, search_clip, search_scales, weight_means
+from quantlab.quant.forms.affine.tensor import QuantizedTensor
 from quantlab.quant.linear import QuantizedLinear
-from quantlab.quant.tensors.affine import QuantizedTensor
 from tests.conftest import make_llama, rel_error
 
 

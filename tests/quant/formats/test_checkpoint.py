@@ -9,8 +9,8 @@ import torch
 from quantlab import QuantizedLinear, quantize_, quantize_tensor, save_gptq
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.quant.formats.checkpoint import CheckpointSettings
-from quantlab.quant.tensors.affine import QuantizedTensor
-from quantlab.quant.tensors.awq_layout import from_awq_tensors
+from quantlab.quant.forms.affine.awq_layout import from_awq_tensors
+from quantlab.quant.forms.affine.tensor import QuantizedTensor
 from tests.conftest import make_llama
 
 

@@ -5,8 +5,8 @@ from conftest import make_llama, rel_error
 from quantlab import quantize_
 from quantlab.errors import UnsupportedError
 from quantlab.extend import WEIGHT_FORMATS
+from quantlab.quant.forms.codebook.tensor import CODEBOOKS, CodebookTensor, dynamic_map, quantize_codebook
 from quantlab.quant.kernels.base import DequantKernel, choose_kernel
-from quantlab.quant.tensors.codebook import CODEBOOKS, CodebookTensor, dynamic_map, quantize_codebook
 
 CPU = torch.device("cpu")
 

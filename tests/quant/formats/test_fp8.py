@@ -4,8 +4,8 @@ import torch
 from conftest import make_llama, rel_error
 from quantlab import quantize_
 from quantlab.extend import WEIGHT_FORMATS
+from quantlab.quant.forms.float8.tensor import Float8Tensor, quantize_fp8
 from quantlab.quant.kernels.base import DequantKernel, choose_kernel
-from quantlab.quant.tensors.float8 import Float8Tensor, quantize_fp8
 
 CPU = torch.device("cpu")
 
@@ -69,7 +69,7 @@ def test_the_scaled_mm_path_is_never_automatic_and_needs_a_cuda_fp8_device() -> 
 @pytest.mark.gpu
 @pytest.mark.parametrize("per_tensor", [False, True])
 def test_scaled_mm_on_cuda_agrees_with_the_dequantized_weight(per_tensor: bool) -> None:
-    from quantlab.quant.kernels.fp8 import FP8ScaledMMKernel
+    from quantlab.quant.forms.float8.kernel import FP8ScaledMMKernel
 
     dev = torch.device("cuda")
     if torch.cuda.get_device_capability(dev) < (8, 9):

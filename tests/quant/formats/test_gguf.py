@@ -11,7 +11,7 @@ from quantlab.engine.memory import weight_bytes, weight_bytes_analytic
 from quantlab.models import ModelSpec, load_model
 from quantlab.quant.calibrate.imatrix import ImatrixAccumulator, collect_imatrix
 from quantlab.quant.format import Calibration, build_format
-from quantlab.quant.kernels.ggml import dot_products_available
+from quantlab.quant.forms.ggml.kernel import dot_products_available
 from quantlab.quant.linear import QuantizedLinear, linear_weight
 
 CPU = torch.device("cpu")

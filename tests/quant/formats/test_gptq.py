@@ -4,7 +4,7 @@ import torch
 from quantlab import UnsupportedError, gptq_quantize, quantize_, quantize_tensor
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.quant.formats.gptq import output_error
-from quantlab.quant.tensors.affine import QuantizedTensor
+from quantlab.quant.forms.affine.tensor import QuantizedTensor
 from tests.conftest import make_llama
 
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from quantlab import UnsupportedError, export_, quantize_
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.quant.formats.checkpoint import CheckpointSettings
-from quantlab.quant.tensors.awq_layout import from_awq_tensors, pack_awq, unpack_awq
+from quantlab.quant.forms.affine.awq_layout import from_awq_tensors, pack_awq, unpack_awq
 from tests.conftest import make_llama
 
 IDS = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))

@@ -104,7 +104,7 @@ def test_asymmetric_tensors_are_what_the_librarys_own_compressor_writes(bits, gr
 def test_codebooks_are_refused_naming_the_module(tmp_path: Path) -> None:
     model = make_llama()
     quantize_(model, WEIGHT_FORMATS["nf4"].build())
-    with pytest.raises(UnsupportedError, match=r"model\.layers\.0\.self_attn\.q_proj: CodebookTensor.*nearest"):
+    with pytest.raises(UnsupportedError, match=r"model\.layers\.0\.self_attn\.q_proj: nf4 codebook.*no compressed-tensors form.*nearest"):
         export_(model, "compressed-tensors", tmp_path)
 
 

@@ -14,8 +14,8 @@ from quantlab.engine.memory import weight_bytes, weight_bytes_analytic, weight_b
 from quantlab.extend import WEIGHT_FORMATS  # noqa: E402
 from quantlab.paths import BUNDLED_DIR  # noqa: E402
 from quantlab.quant.embedding import BlockEmbedding  # noqa: E402
+from quantlab.quant.forms.ggml.kernel import quantize_ggml  # noqa: E402
 from quantlab.quant.io.gguf import _copy_metadata  # noqa: E402
-from quantlab.quant.kernels.ggml import quantize_ggml  # noqa: E402
 
 TINY = BUNDLED_DIR / "tiny-stdlib-llama"
 IDS = torch.randint(0, 4096, (1, 24), generator=torch.Generator().manual_seed(0))

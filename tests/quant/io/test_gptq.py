@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from quantlab import UnsupportedError, load_gptq, quantize_, quantize_tensor, save_gptq
 from quantlab.extend import WEIGHT_FORMATS
-from quantlab.quant.tensors.gptq_layout import from_gptq_tensors, pack_int32, to_gptq_tensors
+from quantlab.quant.forms.affine.gptq_layout import from_gptq_tensors, pack_int32, to_gptq_tensors
 from tests.conftest import make_llama
 
 

@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from quantlab import gptq_quantize, quantize_tensor
+from quantlab.quant.forms.affine.bitplane import BitplaneCPUKernel
+from quantlab.quant.forms.affine.float_zero import quantize_float_zero
+from quantlab.quant.forms.affine.torch_int import Int4CPUKernel, Int8Kernel
+from quantlab.quant.forms.codebook.kernel import Lut4CPUKernel
+from quantlab.quant.forms.codebook.tensor import quantize_codebook
+from quantlab.quant.forms.float8.kernel import FP8CPUKernel
+from quantlab.quant.forms.float8.tensor import quantize_fp8
 from quantlab.quant.kernels.base import DequantKernel
-from quantlab.quant.kernels.bitplane import BitplaneCPUKernel
-from quantlab.quant.kernels.fp8 import FP8CPUKernel
-from quantlab.quant.kernels.lut4 import Lut4CPUKernel
-from quantlab.quant.kernels.torch_int import Int4CPUKernel, Int8Kernel
-from quantlab.quant.tensors.codebook import quantize_codebook
-from quantlab.quant.tensors.float8 import quantize_fp8
-from quantlab.quant.tensors.float_zero import quantize_float_zero
 
 
 def _weight(out: int = 48, n_in: int = 576) -> torch.Tensor:

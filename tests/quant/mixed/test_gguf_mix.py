@@ -14,7 +14,7 @@ from quantlab.quant.apply import select_linears
 from quantlab.quant.calibrate import imatrix as imatrix_module
 from quantlab.quant.embedding import BlockEmbedding, block_embedding_
 from quantlab.quant.format import Calibration, build_format
-from quantlab.quant.kernels.ggml import quantize_ggml
+from quantlab.quant.forms.ggml.kernel import quantize_ggml
 from quantlab.quant.linear import QuantizedLinear, linear_weight
 from quantlab.quant.mixed.groups import group_linears
 from quantlab.quant.mixed.sensitivity import scan

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...io import gguf as gguf_io
-from ...io.compressed_tensors import Codec, register_codec
-from ...tensors.base import WeightTensor
+from ...codecs import register_codec
+from ...codecs.compressed_tensors import CompressedTensorsCodec
+from ...codecs.gguf import GGUFCodec
+from ...tensors.base import Spec, WeightTensor
 from .tensor import MX_BLOCK, NVFP4_BLOCK, MXTensor, NVFP4Tensor, unpack_nibbles
 
 LOADING = ("microscaling groups: transformers' compressed-tensors path decompresses them into bfloat16 on CPU; a "
@@ -33,49 +34,59 @@ def _weights(bits: int, group: int, strategy: str, scale_dtype: str) -> dict[str
             "dynamic": False, "scale_dtype": scale_dtype}
 
 
-def _nvfp4_scheme(q: WeightTensor) -> dict[str, Any]:
-    return {"format": "nvfp4-pack-quantized",
-            "weights": _weights(4, NVFP4_BLOCK, "tensor_group", "torch.float8_e4m3fn")}
+class NVFP4PackQuantized(CompressedTensorsCodec):
+    note = LOADING
+
+    def scheme(self, q: WeightTensor) -> dict[str, Any]:
+        return {"format": "nvfp4-pack-quantized",
+                "weights": _weights(4, NVFP4_BLOCK, "tensor_group", "torch.float8_e4m3fn")}
+
+    def tensors(self, q: WeightTensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        assert isinstance(q, NVFP4Tensor)
+        return {"weight_packed": q.codes.contiguous().cpu(), "weight_scale": q.scales.contiguous().cpu(),
+                "weight_global_scale": q.global_scale.float().reshape(1).cpu()}
 
 
-def _nvfp4_tensors(q: WeightTensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    assert isinstance(q, NVFP4Tensor)
-    return {"weight_packed": q.codes.contiguous().cpu(), "weight_scale": q.scales.contiguous().cpu(),
-            "weight_global_scale": q.global_scale.float().reshape(1).cpu()}
+class MXQuantized(CompressedTensorsCodec):
+    note = LOADING
+
+    def scheme(self, q: WeightTensor) -> dict[str, Any]:
+        assert isinstance(q, MXTensor)
+        if q.element == "e2m1":
+            return {"format": "mxfp4-pack-quantized", "weights": _weights(4, MX_BLOCK, "group", "torch.uint8")}
+        return {"format": "mxfp8-quantized", "weights": _weights(8, MX_BLOCK, "group", "torch.uint8")}
+
+    def tensors(self, q: WeightTensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        assert isinstance(q, MXTensor)
+        name = "weight_packed" if q.element == "e2m1" else "weight"
+        return {name: q.codes.contiguous().cpu(), "weight_scale": q.scales.contiguous().cpu()}
 
 
-def _mx_scheme(q: WeightTensor) -> dict[str, Any]:
-    assert isinstance(q, MXTensor)
-    if q.element == "e2m1":
-        return {"format": "mxfp4-pack-quantized", "weights": _weights(4, MX_BLOCK, "group", "torch.uint8")}
-    return {"format": "mxfp8-quantized", "weights": _weights(8, MX_BLOCK, "group", "torch.uint8")}
+class MXFP4Blocks(GGUFCodec):
+    def claims(self, spec: Spec) -> str | None:
+        return None if spec["element"] == "e2m1" else "MXFP8 (e4m3 elements) has no ggml type"
+
+    def ggml_type(self, q: WeightTensor) -> str:
+        return "MXFP4"
+
+    def encode(self, q: WeightTensor, kind: str) -> np.ndarray:
+        assert isinstance(q, MXTensor) and kind == "MXFP4"
+        out, n_in = q.shape
+        codes = unpack_nibbles(q.codes).reshape(out, n_in // MX_BLOCK, MX_BLOCK)
+        packed = codes[..., :16] | (codes[..., 16:] << 4)
+        blocks = torch.cat([q.scales.reshape(out, -1, 1), packed], dim=-1)
+        return blocks.reshape(out, -1).contiguous().cpu().numpy()
 
 
-def _mx_tensors(q: WeightTensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    assert isinstance(q, MXTensor)
-    name = "weight_packed" if q.element == "e2m1" else "weight"
-    return {name: q.codes.contiguous().cpu(), "weight_scale": q.scales.contiguous().cpu()}
+class NVFP4Blocks(GGUFCodec):
+    writes = False  # registered for its reason only
+
+    def claims(self, spec: Spec) -> str | None:
+        return ("NVFP4 has a float32 global scale; ggml's NVFP4 (blocks of 64, unsigned e4m3 scales, none global) "
+                "would round its scales again")
 
 
-def _ggml_type(q: WeightTensor) -> tuple[str | None, str]:
-    if isinstance(q, MXTensor) and q.element == "e2m1":
-        return "MXFP4", ""
-    if isinstance(q, NVFP4Tensor):
-        return None, ("NVFP4 has a float32 global scale; ggml's NVFP4 (blocks of 64, unsigned e4m3 scales, none "
-                      "global) would round its scales again")
-    return None, "MXFP8 (e4m3 elements) has no ggml type"
-
-
-def _ggml_blocks(q: WeightTensor, kind: str) -> np.ndarray:
-    assert isinstance(q, MXTensor) and kind == "MXFP4"
-    out, n_in = q.shape
-    codes = unpack_nibbles(q.codes).reshape(out, n_in // MX_BLOCK, MX_BLOCK)
-    packed = codes[..., :16] | (codes[..., 16:] << 4)
-    blocks = torch.cat([q.scales.reshape(out, -1, 1), packed], dim=-1)
-    return blocks.reshape(out, -1).contiguous().cpu().numpy()
-
-
-register_codec(NVFP4Tensor, Codec(_nvfp4_scheme, _nvfp4_tensors, LOADING))
-register_codec(MXTensor, Codec(_mx_scheme, _mx_tensors, LOADING))
-gguf_io.register_codec(MXTensor, gguf_io.Codec(_ggml_type, _ggml_blocks))
-gguf_io.register_codec(NVFP4Tensor, gguf_io.Codec(_ggml_type, _ggml_blocks))
+register_codec("nvfp4", NVFP4PackQuantized())
+register_codec("mx", MXQuantized())
+register_codec("mx", MXFP4Blocks())
+register_codec("nvfp4", NVFP4Blocks())

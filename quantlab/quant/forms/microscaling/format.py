@@ -12,6 +12,7 @@ from ...activations import ActivationFormat, rounding_module
 from ...format import WEIGHT_FORMATS, QuantizedWeightFormat
 from ...kernels.base import KernelName
 from ...linear import QuantizedLinear, linear_weight
+from ...tensors.base import Spec
 from .quantize import Arithmetic, ScaleRounding, Ties, quantize_mx, quantize_nvfp4
 from .tensor import MX_BLOCK, NVFP4_BLOCK, Element, MXTensor, NVFP4Tensor
 
@@ -21,7 +22,6 @@ class MicroscalingFormat(QuantizedWeightFormat):
 
     example_fields: ClassVar[dict[str, Any] | None] = {}
     block: ClassVar[int]
-    targets: ClassVar[tuple[str, ...]] = ("compressed-tensors",)  # where its codecs write the form (codecs.py)
     kernel: KernelName = Field("auto", description="matmul path (a registered kernel); auto takes the fastest that "
                                "supports the form")
     activations: ActivationFormat | None = Field(None, description="round each quantized linear's input too: "
@@ -40,19 +40,6 @@ class MicroscalingFormat(QuantizedWeightFormat):
                 return ".format", (f"{self.label} takes blocks of {block} along the input; {name} has {n_in} input "
                                    "features (exclude it, or give it another format in overrides)")
         return super().check_model(linears, head, base)
-
-    @property
-    def exports(self) -> tuple[str, ...]:
-        """compressed-tensors holds the weight-only forms (its nvfp4 / mxfp4 pack-quantized and mxfp8-quantized);
-        GGUF MXFP4 (ggml's type); a mix goes where each of its modules' formats goes."""
-        if self.activations is not None:
-            return ()
-        own = self.targets
-        if not self.overrides:
-            return own
-        from ...io.export import per_module_targets
-
-        return tuple(t for t in per_module_targets(own) if all(t in o.format.exports for o in self.overrides))
 
     def label_with(self, name: str, extra: list[str]) -> str:
         return "-".join([name, *extra, *([self.activations.label] if self.activations else []),
@@ -73,13 +60,15 @@ class MXFormat(MicroscalingFormat):
         "(compressed-tensors / llm-compressor: the block maximum rounded to e2m1's mantissa first), even "
         "(torchao's EVEN), ceil, rceil (cuBLAS's)")
 
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("mx", {"element": self.element}),)
+
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return MXTensor.analytic_nbytes((out_features, in_features), self.element)
 
 
 class MXFP4Format(MXFormat):
     element: ClassVar[Element] = "e2m1"
-    targets: ClassVar[tuple[str, ...]] = ("compressed-tensors", "gguf")
     ties: Ties = Field("even", description="an element halfway between two e2m1 values: even (OCP, torchao, "
                        "compressed-tensors) or to_zero (ggml's quantizer; zero then stored as +0)")
 
@@ -114,6 +103,9 @@ class NVFP4Format(MicroscalingFormat):
     @property
     def scheme_label(self) -> str:
         return self.label_with("nvfp4", ["recip"] if self.arithmetic == "reciprocal" else [])
+
+    def stored_specs(self) -> tuple[Spec, ...]:
+        return (Spec("nvfp4"),)
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return NVFP4Tensor.analytic_nbytes((out_features, in_features))

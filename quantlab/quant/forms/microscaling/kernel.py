@@ -12,9 +12,9 @@ from typing import ClassVar
 import torch
 
 from ....native.ops import native_op, register_fake
-from ...kernels import fp8 as fp8_kernels
-from ...kernels import lut4 as lut4_kernels
 from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
+from ..codebook import kernel as lut4_kernels
+from ..float8 import kernel as fp8_kernels
 from .tensor import MX_BLOCK, MXTensor, NVFP4Tensor, e2m1_table
 
 SCALE_E8M0, SCALE_E4M3 = 2, 3  # the scale kinds of native/lut4.c

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 
-from ...tensors.base import WeightTensor
+from ...tensors.base import Spec, WeightTensor
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0-7; 8-15 are their negatives
 E2M1_MAX = 6.0
@@ -66,6 +66,13 @@ class MXTensor(WeightTensor):
     element: Element = "e2m1"
 
     group_size = MX_BLOCK
+    form = "mx"
+
+    def spec(self) -> Spec:
+        return Spec(self.form, {"element": self.element})
+
+    def describe(self) -> str:
+        return f"MX{'FP4' if self.element == 'e2m1' else 'FP8'} ({self.element}, e8m0 scale per {MX_BLOCK})"
 
     @property
     def bits(self) -> int:
@@ -105,6 +112,10 @@ class NVFP4Tensor(WeightTensor):
 
     bits = 4
     group_size = NVFP4_BLOCK
+    form = "nvfp4"
+
+    def describe(self) -> str:
+        return f"NVFP4 (e2m1, e4m3 scale per {NVFP4_BLOCK}, float32 global scale)"
 
     @classmethod
     def tensor_field_names(cls) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantlab.extend import WEIGHT_FORMATS
-from quantlab.quant.tensors.float8 import Float8Tensor, quantize_fp8
+from quantlab.quant.forms.float8.tensor import Float8Tensor, quantize_fp8
 
 
 def _ct_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantlab.quant.forms.float8.kernel import FP8BlockCPUKernel
+from quantlab.quant.forms.float8.tensor import quantize_fp8
 from quantlab.quant.forms.microscaling import quantize_mx, quantize_nvfp4
 from quantlab.quant.forms.microscaling.kernel import E2M1CPUKernel, MXFP8CPUKernel
 from quantlab.quant.kernels.base import DequantKernel, choose_kernel
-from quantlab.quant.kernels.fp8 import FP8BlockCPUKernel
-from quantlab.quant.tensors.float8 import quantize_fp8
 
 CPU = torch.device("cpu")
 FORMS = {"mxfp4": lambda w: quantize_mx(w, "e2m1"), "nvfp4": quantize_nvfp4, "mxfp8": lambda w: quantize_mx(w, "e4m3")}

@@ -1,0 +1,87 @@
+"""The export target interface: an ``Exporter`` writes a quantized model's stored numbers in one ecosystem's
+format, module by module through the codec of each module's stored form. Targets are registered in
+``EXPORTERS`` (``quant/io/<target>.py``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ...registry import Registry
+from ..tensors.base import WeightTensor
+from .base import Codec, codec_for
+
+
+@dataclass
+class LinearWeight:
+    """A quantized linear as an exporter sees it: its stored form (``[out, in]``) and bias."""
+
+    name: str
+    stored: WeightTensor
+    bias: torch.Tensor | None
+    settings: dict[str, Any]
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote: the folder, its main file, and per tensor the type written and any deviation."""
+
+    to: str
+    folder: Path
+    files: list[str]
+    tensors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def max_abs_deviation(self) -> float:
+        """The largest difference between a written weight and the one measured (0: the same numbers)."""
+        return max((t.get("max_abs_deviation", 0.0) for t in self.tensors.values()), default=0.0)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"to": self.to, "files": self.files, "max_abs_deviation": self.max_abs_deviation,
+                "notes": self.notes, "tensors": self.tensors}
+
+
+class Exporter:
+    """Writes a model quantized by quantlab in one target format. Subclasses are registered in ``EXPORTERS``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    one_setting: ClassVar[bool] = False  # the layout holds one quantization setting for every layer (no mixes)
+    nearest: ClassVar[str] = ""  # the weight formats that write here, named in refusals
+
+    def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
+              source: Path | None) -> ExportResult:
+        """Write ``model``, whose quantized ``linears`` (read back once, none refused) it is given, into
+        ``folder``; ``source`` is the model's own file or folder where known (a GGUF file's metadata and
+        tokenizer are copied from it), ``tokenizer`` the loaded tokenizer."""
+        raise NotImplementedError
+
+    def check_available(self) -> None:
+        """Raise a one-line error when a package this target writes with is missing."""
+
+    def codec(self, q: WeightTensor) -> Codec:
+        """The codec writing ``q``'s stored form here (only asked of modules ``refusal`` let through)."""
+        found = codec_for(self.name, q.form)
+        if found is None:
+            raise KeyError(f"no {self.name} codec for {q.form}")
+        return found
+
+    def refusal(self, module: LinearWeight) -> str | None:
+        """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None: its
+        form's codec for this target, asked of the tensor."""
+        q = module.stored
+        found = codec_for(self.name, q.form)
+        why = f"{q.describe()} weights have no {self.name} form" if found is None else found.refusal(q)
+        return None if why is None else f"{why}; nearest that exports to {self.name}: {self.nearest}"
+
+
+EXPORTERS: Registry[Exporter] = Registry("export target")
+
+
+def per_module_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``targets`` whose layout gives each module its own setting, so a per-module mix can be written."""
+    return tuple(t for t in targets if not EXPORTERS[t].cls.one_setting)

@@ -1,0 +1,201 @@
+"""ggml block types (GGUF's Q4_K, Q6_K, Q8_0 …): ggml's own quantizer and dequantizer, and on CPU the stored
+blocks multiplied as they are: ``ggml_q8_cpu`` (``auto``'s choice where the CPU has AVX2) as llama.cpp's CPU
+backend multiplies, the activations of a decode step rounded to 8-bit blocks and ggml's integer dot products;
+``ggml_cpu`` weight-only, each block decoded to floats.
+
+``quantize_ggml`` runs ggml's code (``native/third_party/ggml``, taken from ggml), so a tensor gives the bytes
+llama.cpp's quantizer writes for it, with or without an importance matrix.
+
+A decode step's few rows read the GGUF tensor's bytes as they are: ``ggml_matmul_q8`` through ggml's dot
+products, ``ggml_matmul`` through ggml's dequantizer a chunk of each output row at a time into scratch. Longer
+inputs dequantize a block of output rows at a time for the dense matmul. All are registered torch ops, so the
+paths also run inside ``torch.compile``.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import ClassVar
+
+import torch
+
+from .... import native
+from ....errors import UnsupportedError
+from ....native.ops import native_op, register_fake
+from ...kernels.base import KERNELS, FusedRowsKernel, traced
+from ...tensors.primitives import check_finite
+from .tensor import FLOAT_SUBSTITUTE, GGML_TYPES, GGMLBlockTensor, row_bytes
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = native.load("ggml")
+    p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ggml_quantize_rows.argtypes = [i, p, p, i64, i64, i64, p]
+    lib.ggml_dequantize_rows.argtypes = [i, p, p, i64, i64, i64, i64]
+    lib.ggml_matmul.argtypes = [i, p, p, p, i64, i64, i64, i64, i64, i64]
+    lib.ggml_matmul_q8.argtypes = [i, p, p, p, i64, i64, i64, i64, p]
+    lib.ggml_q8_scratch_bytes.argtypes = [i, i64, i64]
+    lib.ggml_q8_scratch_bytes.restype = i64
+    lib.ggml_dot_available.argtypes = []
+    for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul, lib.ggml_matmul_q8,
+              lib.ggml_dot_available):
+        f.restype = ctypes.c_int
+    return lib
+
+
+def dot_products_available() -> bool:
+    """Whether ggml's integer dot products were built for this CPU (AVX2, FMA, F16C): ``ggml_q8_cpu``'s path."""
+    try:
+        return bool(_library().ggml_dot_available())
+    except UnsupportedError:
+        return False
+
+
+def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [out, in]`` as ggml blocks, uint8 ``[out, row bytes]``: ggml's quantizer for the type (with the
+    importance matrix ``imatrix [in]``, llama.cpp's per-column mean squared activation, when given)."""
+    t = GGML_TYPES[ggml_type]
+    if ggml_type == FLOAT_SUBSTITUTE:
+        return x.detach().to("cpu", torch.float16).contiguous().view(torch.uint8)
+    x = x.detach().to("cpu", torch.float32).contiguous()
+    out, n_in = x.shape
+    blocks = torch.empty(out, row_bytes(ggml_type, n_in), dtype=torch.uint8)
+    weights = None
+    if imatrix is not None:
+        weights = imatrix.detach().to("cpu", torch.float32).contiguous()
+        if weights.shape != (n_in,):
+            raise UnsupportedError(f"an importance matrix for {n_in} inputs has {n_in} values, got {tuple(weights.shape)}")
+    _library().ggml_quantize_rows(t.ggml_id, x.data_ptr(), blocks.data_ptr(), out, n_in, blocks.shape[1],
+                                  None if weights is None else weights.data_ptr())
+    return blocks
+
+
+def dequantize_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int, rows: slice = slice(None)) -> torch.Tensor:
+    """The float32 weights ``[rows, in]`` of ggml blocks of a block type (ggml's dequantizer)."""
+    t = GGML_TYPES[ggml_type]
+    start, stop, _ = rows.indices(blocks.shape[0])
+    source = blocks.to("cpu").contiguous()
+    out = torch.empty(max(stop - start, 0), n_in, dtype=torch.float32)
+    if out.numel():
+        _library().ggml_dequantize_rows(t.ggml_id, source.data_ptr(), out.data_ptr(), start, stop, n_in,
+                                        source.shape[1])
+    return out.to(blocks.device)
+
+
+def quantize_ggml(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> GGMLBlockTensor:
+    """``x [out, in]`` in ``ggml_type`` (one of ``GGML_TYPES``; a row that is not whole blocks of it must be asked
+    for in the type llama.cpp substitutes, ``row_type``)."""
+    if ggml_type not in GGML_TYPES:
+        raise UnsupportedError(f"ggml type {ggml_type!r}: one of {', '.join(GGML_TYPES)}")
+    if x.dim() != 2:
+        raise UnsupportedError(f"quantize_ggml expects a 2-D tensor, got shape {tuple(x.shape)}")
+    check_finite(x)
+    return GGMLBlockTensor(quantize_blocks(x, ggml_type, imatrix), ggml_type, tuple(x.shape))
+
+
+def ggml_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the weight held in ``blocks`` ``[out, row bytes]``, transposed: ``[M, out]``."""
+    t = GGML_TYPES[ggml_type]
+    x = x.contiguous()
+    m, n_in = x.shape
+    y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
+    _library().ggml_matmul(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
+                           blocks.shape[1], t.block, t.block_bytes)
+    return y
+
+
+def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` times the weight as llama.cpp's CPU backend multiplies: each row of ``x`` rounded to the type's
+    8-bit activation blocks (Q8_0, Q8_1 or Q8_K), then ggml's integer dot product per output row."""
+    t = GGML_TYPES[ggml_type]
+    x = x.contiguous()
+    m, n_in = x.shape
+    scratch = torch.empty(_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
+    y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
+    _library().ggml_matmul_q8(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
+                       blocks.shape[1], scratch.data_ptr())
+    return y
+
+
+@functools.cache
+def _q8_scratch_bytes(ggml_id: int, m: int, n_in: int) -> int:
+    """Bytes of ``m`` rows of ``n_in`` activations in the type's 8-bit blocks (asked of the C code once per shape)."""
+    return int(_library().ggml_q8_scratch_bytes(ggml_id, m, n_in))
+
+
+def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of the weight as ``dtype``."""
+    return dequantize_blocks(blocks, ggml_type, n_in, slice(row0, row1)).to(dtype)
+
+
+matmul_op = native_op("ggml_matmul", ggml_matmul)
+matmul_q8_op = native_op("ggml_matmul_q8", ggml_matmul_q8)
+dequantize_op = native_op("ggml_dequantize", ggml_dequantize)
+
+
+@register_fake(matmul_op)
+def _(x, blocks, ggml_type):
+    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+
+
+@register_fake(matmul_q8_op)
+def _(x, blocks, ggml_type):
+    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
+
+
+@register_fake(dequantize_op)
+def _(blocks, ggml_type, n_in, row0, row1, dtype):
+    return blocks.new_empty(row1 - row0, n_in, dtype=dtype)
+
+
+@KERNELS.register
+class GGMLCPUKernel(FusedRowsKernel):
+    """ggml blocks as stored; fused C product for decode rows, C dequantization of row blocks for longer inputs."""
+
+    path = "ggml_cpu"
+    preference = 58
+    tensor_type: ClassVar[type] = GGMLBlockTensor
+
+    @classmethod
+    def supports(cls, q: GGMLBlockTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and q.ggml_type != FLOAT_SUBSTITUTE
+
+    def __init__(self, q: GGMLBlockTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        _library()  # build (or find) the C code now: a failure passes the choice on
+        self.shape, self.ggml_type = q.shape, q.ggml_type
+        self.register_buffer("blocks", q.blocks.contiguous())
+
+    def analytic_nbytes(self) -> int:
+        return GGMLBlockTensor.analytic_nbytes(self.shape, self.ggml_type)
+
+    def stored(self) -> GGMLBlockTensor:
+        return GGMLBlockTensor(self.blocks, self.ggml_type, self.shape)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(ggml_matmul, matmul_op)(x, self.blocks, self.ggml_type)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(ggml_dequantize, dequantize_op)(self.blocks, self.ggml_type, self.shape[1], row0, row1, dtype)
+
+
+@KERNELS.register
+class GGMLQ8CPUKernel(GGMLCPUKernel):
+    """ggml blocks multiplied as llama.cpp's CPU backend does for decode rows: the activations rounded to 8-bit
+    blocks (Q8_0, Q8_1, Q8_K by type) and ggml's own integer dot products (AVX2; vendored from ggml-cpu), so a
+    GGUF type decodes at the speed llama.cpp gives it. Longer inputs dequantize row blocks for the dense matmul,
+    as ``ggml_cpu`` does, so perplexity windows see the weights alone."""
+
+    path = "ggml_q8_cpu"
+    preference = 57
+
+    def __init__(self, q: GGMLBlockTensor, dtype: torch.dtype) -> None:
+        super().__init__(q, dtype)
+        if not dot_products_available():
+            raise UnsupportedError("ggml's integer dot products are built for AVX2 with FMA and F16C; this CPU "
+                                   "lacks one of them")
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, self.ggml_type)
