@@ -15,6 +15,11 @@ the log of the mass outside them, an approximation that is opt-in. A variant is 
 - the difference in the probability of the token that actually comes next (its RMS over positions);
 - and per window the mean negative log-likelihood, from which Δ perplexity and a 95% interval over the paired
   per-window differences follow (windows of equal length: perplexity = exp of the mean of window means).
+
+Over the per-position values the figures llama.cpp's perplexity tool prints follow, with its estimators
+(``statistics.llama_statistics``: KL and Δp means with their uncertainty and percentiles, RMS Δp, same top p,
+ln(PPL ratio) and its correlation), and the same split by the baseline's confidence in its top token
+(``statistics.confidence_splits``).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..progress import progress
+from .statistics import confidence_splits, llama_statistics
 
 
 @dataclass
@@ -97,15 +103,10 @@ def top1_agree(logp: torch.Tensor, logq_at: torch.Tensor, logq_max: torch.Tensor
     return (base_first & (logq_at == logq_max.unsqueeze(-1))).any(-1)
 
 
-def _quantiles(x: torch.Tensor) -> dict[str, float]:
-    q = torch.quantile(x.double(), torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64))
-    return {"median": q[0].item(), "p90": q[1].item(), "p99": q[2].item()}
-
-
 def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int, device: torch.device,
             what: str | None = "divergence, windows") -> dict[str, Any]:
     """The divergence figures of ``model`` against ``ref`` on the same windows."""
-    kls, agree, dprob, nll = [], [], [], []
+    kls, agree, same, dprob, nll, token_nll, base_top = [], [], [], [], [], [], []
     offset = 0
     for logq, nxt in _log_probs(model, ids, ref.window_tokens, batch_size, device, what):
         flat = logq.reshape(-1, logq.shape[-1])
@@ -115,32 +116,39 @@ def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int
         if ref.top_ids is None:
             logq_at = flat
             kl = (logp.exp() * (logp - flat)).sum(-1)
+            base_first = logp.argmax(-1)
         else:
             top_ids = ref.top_ids[rows].to(flat.device).long()
             logq_at = flat.gather(-1, top_ids)
             rest_p = ref.rest_logmass[rows].to(flat.device)
             rest_q = torch.log1p(-torch.logsumexp(logq_at, dim=-1).exp().clamp(max=1 - 1e-7))
             kl = (logp.exp() * (logp - logq_at)).sum(-1) + rest_p.exp() * (rest_p - rest_q)
+            base_first = top_ids[:, 0]
         kls.append(kl.clamp(min=0).cpu())
         agree.append(top1_agree(logp, logq_at, flat.max(-1).values).cpu())
+        same.append((flat.argmax(-1) == base_first).cpu())  # llama.cpp's "same top p": the first maxima
+        base_top.append(logp.max(-1).values.exp().cpu())
         target = flat.gather(-1, nxt.reshape(-1, 1)).squeeze(-1)
         dprob.append((target.exp() - ref.target_logprobs[rows].to(flat.device).exp()).cpu())
+        token_nll.append((-target).cpu())
         nll.append((-target).double().reshape(nxt.shape).mean(dim=1).cpu())
-    kl, window_nll = torch.cat(kls), torch.cat(nll)
+    kl, window_nll, delta_p = torch.cat(kls), torch.cat(nll), torch.cat(dprob)
     diff = window_nll - ref.window_nll
     n = diff.numel()
     mean = diff.mean().item()
     half = 1.96 * diff.std(unbiased=True).item() / math.sqrt(n) if n > 1 else math.nan
     base_ppl = math.exp(ref.window_nll.mean().item())
-    q = _quantiles(kl)
+    stats = llama_statistics(kl, torch.cat(token_nll), -ref.target_logprobs[: kl.numel()], delta_p, torch.cat(same))
+    q = stats["kl_divergence_quantiles"]
     return {
-        "kl_divergence_mean": kl.double().mean().item(), "kl_divergence_median": q["median"],
-        "kl_divergence_p90": q["p90"], "kl_divergence_p99": q["p99"], "kl_divergence_max": kl.max().item(),
+        **stats, "kl_divergence_median": q["median"], "kl_divergence_p90": q["90.0"], "kl_divergence_p99": q["99.0"],
+        "kl_divergence_p999": q["99.9"], "kl_divergence_max": q["max"],
         "top1_agreement_percent": 100 * torch.cat(agree).double().mean().item(),
-        "next_token_prob_rms_diff": torch.cat(dprob).double().pow(2).mean().sqrt().item(),
+        "next_token_prob_rms_diff": delta_p.double().pow(2).mean().sqrt().item(),
         "delta_perplexity": base_ppl * (math.exp(mean) - 1),
         "delta_perplexity_ci95_low": base_ppl * (math.exp(mean - half) - 1),
         "delta_perplexity_ci95_high": base_ppl * (math.exp(mean + half) - 1),
+        "confidence_splits": confidence_splits(kl, delta_p, torch.cat(base_top)),
         "baseline_perplexity": base_ppl, "scored_tokens": kl.numel(), "windows": n,
         "baseline_rest_mass_mean": ref.rest_logmass.exp().double().mean().item(),
     }

@@ -1,7 +1,9 @@
 """Registered measurements: each a typed result, its report columns and its provenance. Importing this package
 registers the built-in ones; their place in the reports is each class's declared ``order``."""
 from . import (
+    confidence,
     divergence,
+    generation,
     kv_cache,
     latency,
     lm_eval_tasks,

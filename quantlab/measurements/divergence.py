@@ -49,6 +49,21 @@ class DivergenceResult(Result):
     delta_perplexity_ci95_low: float
     delta_perplexity_ci95_high: float
     divergence_protocol: dict[str, Any]
+    # llama.cpp's statistics (fidelity/statistics.py); absent from records written before them
+    kl_divergence_mean_uncertainty: float | None = None
+    kl_divergence_p999: float | None = None
+    kl_divergence_quantiles: dict[str, float] | None = None  # llama-perplexity's: max, 99.9 ... 0.1, min
+    delta_p_mean_percent: float | None = None
+    delta_p_mean_uncertainty_percent: float | None = None
+    delta_p_rms_percent: float | None = None
+    delta_p_rms_uncertainty_percent: float | None = None
+    delta_p_quantiles_percent: dict[str, float] | None = None
+    same_top_p_percent: float | None = None
+    same_top_p_uncertainty_percent: float | None = None
+    ln_ppl_ratio_mean: float | None = None
+    ln_ppl_ratio_uncertainty: float | None = None
+    ln_ppl_correlation_percent: float | None = None
+    confidence_splits: dict[str, dict[str, float]] | None = None  # by the baseline's probability of its top token
 
 
 def _spec(recipe: Any) -> tuple[Any, int, int | None]:
@@ -85,12 +100,17 @@ class Divergence(Measurement):
     section = "Divergence from the baseline"
     columns = (
         Column("kl_divergence_mean", "KL mean", ".5f", higher_is_better=False),
+        Column("kl_divergence_mean_uncertainty", "KL mean ±σ", ".5f"),
         Column("kl_divergence_median", "KL median", ".5f", higher_is_better=False),
         Column("kl_divergence_p90", "KL p90", ".5f", higher_is_better=False),
         Column("kl_divergence_p99", "KL p99", ".4f", higher_is_better=False),
+        Column("kl_divergence_p999", "KL p99.9", ".4f", higher_is_better=False),
         Column("kl_divergence_max", "KL max", ".4f", higher_is_better=False),
         Column("top1_agreement_percent", "top-1 same %", ".2f", higher_is_better=True),
-        Column("next_token_prob_rms_diff", "RMS Δp(next token)", ".5f", higher_is_better=False),
+        Column("same_top_p_percent", "same top p %", ".2f", higher_is_better=True),
+        Column("delta_p_mean_percent", "Δp mean %", "+.3f"),
+        Column("delta_p_rms_percent", "RMS Δp %", ".3f", higher_is_better=False),
+        Column("ln_ppl_ratio_mean", "ln(PPL/PPL base)", "+.5f", higher_is_better=False),
         Column("delta_perplexity", "Δppl (95% interval)", "+.3f", higher_is_better=False,
                spread=("delta_perplexity_ci95_low", "delta_perplexity_ci95_high")),
     )
@@ -126,5 +146,6 @@ class Divergence(Measurement):
             f"baseline mass outside the top {p['top_k']}: {p['baseline_rest_mass_mean']:.2e})")
         return (f"KL(baseline ‖ variant) per position against {p['baseline']} over {p['scored_tokens']} tokens in "
                 f"{p['windows']} windows of {p['window_tokens']} ({p['text']}), from {kept}; top-1 agreement: some "
-                "token is most likely under both (ties for first overlap); Δ perplexity with a 95% interval from the "
-                "per-window paired differences.")
+                "token is most likely under both (ties for first overlap); same top p, Δp (the change in the "
+                "probability of the next token), ±σ and percentiles with llama-perplexity's estimators; Δ perplexity "
+                "with a 95% interval from the per-window paired differences.")

@@ -32,6 +32,8 @@ def _direct(base, variant, ids):
     nxt = windows[:, 1:].unsqueeze(-1)
     tp, tq = logp.gather(-1, nxt).squeeze(-1), logq.gather(-1, nxt).squeeze(-1)
     return {"kl": kl, "agree": 100 * (logp.argmax(-1) == logq.argmax(-1)).double().mean().item(),
+            "dp": (tq.exp() - tp.exp()).reshape(-1), "nll_q": -tq.reshape(-1), "nll_p": -tp.reshape(-1),
+            "top_p": logp.exp().max(-1).values.reshape(-1),
             "rms": (tq.exp() - tp.exp()).double().pow(2).mean().sqrt().item(),
             "ppl_p": math.exp(-tp.double().mean().item()), "ppl_q": math.exp(-tq.double().mean().item()),
             "window_diff": (-tq.double().mean(1)) - (-tp.double().mean(1))}
@@ -54,6 +56,25 @@ def test_kl_agreement_and_delta_perplexity_equal_a_direct_computation() -> None:
     mean = direct["window_diff"].mean().item()
     assert got["delta_perplexity_ci95_low"] == pytest.approx(direct["ppl_p"] * (math.exp(mean - 1.96 * se) - 1), rel=1e-6)
     assert got["delta_perplexity_ci95_low"] < got["delta_perplexity"] < got["delta_perplexity_ci95_high"]
+    # llama-perplexity's figures over the same positions
+    n = direct["kl"].numel()
+    assert got["kl_divergence_mean_uncertainty"] == pytest.approx(direct["kl"].double().std().item() / math.sqrt(n), rel=1e-3)
+    assert got["same_top_p_percent"] == pytest.approx(direct["agree"])
+    assert got["delta_p_mean_percent"] == pytest.approx(100 * direct["dp"].double().mean().item(), rel=1e-4, abs=1e-9)
+    assert got["delta_p_rms_percent"] == pytest.approx(100 * direct["rms"], rel=1e-5)
+    ratio = (direct["nll_q"].double().mean() - direct["nll_p"].double().mean()).item()
+    assert got["ln_ppl_ratio_mean"] == pytest.approx(ratio, rel=1e-4)
+    corr = torch.corrcoef(torch.stack([direct["nll_q"].double(), direct["nll_p"].double()]))[0, 1].item()
+    assert got["ln_ppl_correlation_percent"] == pytest.approx(100 * corr, rel=1e-3)
+    q = got["kl_divergence_quantiles"]
+    assert q["min"] <= q["0.1"] <= q["1.0"] <= q["median"] <= q["99.0"] <= q["99.9"] <= q["max"] == got["kl_divergence_max"]
+    splits = got["confidence_splits"]
+    assert sum(s["positions"] for s in splits.values()) == n
+    for name, keep in (("<0.5", direct["top_p"] < 0.5), ("0.5-0.9", (direct["top_p"] >= 0.5) & (direct["top_p"] < 0.9)),
+                       (">=0.9", direct["top_p"] >= 0.9)):
+        assert splits[name]["positions"] == int(keep.sum())
+        if keep.any():
+            assert splits[name]["kl_mean"] == pytest.approx(direct["kl"][keep].double().mean().item(), rel=1e-4)
 
 
 def test_the_default_is_exact_against_float64_and_top_k_is_a_lower_bound() -> None:

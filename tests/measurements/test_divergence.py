@@ -31,6 +31,7 @@ def test_int2_diverges_more_than_int8_and_the_baseline_not_at_all(tmp_path: Path
     assert 'id="plot-divergence"' in html and "KL mean" in html
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_a_variant_measured_before_its_baseline_computes_and_stores_the_reference(tmp_path: Path) -> None:
     recipe = validate_recipe({**_recipe(["int8", "fp32"], top_k=32), "baseline": "fp32"})
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)

@@ -90,6 +90,7 @@ def test_a_lost_worker_is_a_failed_record_that_the_next_run_measures_again(
     assert all(r["status"] == "ok" for r in read_jsonl(out / "results.jsonl"))
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_without_ray_the_executor_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
     import yaml
 

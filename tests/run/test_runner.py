@@ -139,6 +139,7 @@ def test_a_workers_progress_reaches_the_log_and_its_last_line_the_error(small_mo
     assert len(failed) == 1 and "does not support 4-bit group 16" in failed[0]["error"]
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_a_second_run_skips_finished_variants(small_model_dir: Path, tmp_path: Path) -> None:
     recipe = validate_recipe(_small_recipe(small_model_dir, ["fp32", "int8"]))
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
@@ -258,6 +259,7 @@ def test_gptq_beats_rtn_on_the_bundled_model(tmp_path: Path) -> None:
     assert 0 < gap["int3-g128-asym-gptq"] < 0.5 * gap["int3-g128-asym"]
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_gptq_layer_error_is_below_rtn_for_every_layer_of_the_bundled_model() -> None:
     import torch
 

@@ -31,7 +31,7 @@ CASES: dict[tuple[str, str], list[dict[str, Any] | str]] = {
     ("compressed-tensors", "mx"): [{"format": "mxfp4"}, {"format": "mxfp8"}],
     ("compressed-tensors", "nvfp4"): [{"format": "nvfp4"}],
     ("gguf", "affine"): [{**INT4_ASYM, "symmetric": True}, INT4_ASYM, {"format": "rtn", "bits": 5, "group_size": 32},
-                         {"format": "int8", "group_size": 32, "symmetric": True}],
+                         {"format": "int8", "group_size": 32, "symmetric": True}],  # Q4_0, Q4_1, Q5_1, Q8_0
     ("gguf", "float_zero"): [{"format": "int4", "group_size": 32, "zero_point": "float"}],
     ("gguf", "ggml"): [{"format": "gguf", "type": "Q4_K"}, {"format": "gguf", "type": "Q6_K"}],
     ("gguf", "mx"): [{"format": "mxfp4"}],
@@ -97,10 +97,17 @@ def _id(spec: dict[str, Any] | str) -> str:
 
 
 SLOW_LOADERS = ("gptq", "awq")  # GPTQModel picks and checks a kernel per layer: seconds each, in the slow tier
+SLOW_CASES = (("gguf", 2), ("gguf", 3))  # (target, index): a target's further cases of one form, in the slow tier
+
+
+def _slow(target: str, form: str, spec: dict[str, Any] | str) -> bool:
+    index = CASES[(target, form)].index(spec)
+    return target in SLOW_LOADERS or (target, index) in SLOW_CASES or (target == "gguf" and index > 0 and
+                                                                      form in ("ggml", "dense"))
 
 
 @pytest.mark.parametrize("target,form,spec", [
-    pytest.param(t, f, s, id=f"{t}-{f}-{_id(s)}", marks=[pytest.mark.slow] if t in SLOW_LOADERS else [])
+    pytest.param(t, f, s, id=f"{t}-{f}-{_id(s)}", marks=[pytest.mark.slow] if _slow(t, f, s) else [])
     for (t, f), specs in CASES.items() for s in specs])
 def test_the_targets_own_loader_gives_the_measured_logits(target: str, form: str, spec: dict | str,
                                                           tmp_path: Path) -> None:

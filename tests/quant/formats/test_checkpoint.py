@@ -148,6 +148,7 @@ def test_a_recipe_variant_names_the_folder_relative_to_the_recipe(tmp_path: Path
         load_recipe(tmp_path / "r.yaml")
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_a_checkpoint_variant_runs_beside_the_one_quantized_in_the_run(small_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -52,6 +52,7 @@ def test_labels_name_the_type_and_the_importance_matrix() -> None:
         build_format({"format": "gguf", "type": "Q4_K_M"})
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_the_importance_matrix_is_the_mean_squared_input_of_each_column() -> None:
     acc = ImatrixAccumulator(3)
     a, b = torch.randn(2, 5, 3), torch.randn(7, 3)

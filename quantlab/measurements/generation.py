@@ -1,0 +1,114 @@
+"""Greedy generation agreement through the variant's KV cache: from prompts of the perplexity text at the
+workload's first context length, the baseline and the variant each generate tokens greedily, each through its own
+cache; recorded are the mean number of tokens before their continuations first differ, the share that are
+identical, and the KL of the variant's next-token distribution along the baseline's continuation (the variant
+teacher-forced on it, through its cache). A KV format that looks harmless teacher-forced over short windows can
+still derail a long greedy generation; this is where it shows.
+
+The baseline's continuations and distributions are computed once per run and kept in the run folder
+(``baselines/generation-<key>.pt``), as the divergence reference is."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from ..eval.base import Evaluation
+from ..eval.generation import agreement, decode, prompt_windows
+from ..eval.tokens import scored_text, token_ids_sha256
+from ..files import atomic_write
+from .base import Column, Measurement, Result, register
+
+_IN_PROCESS: dict[str, dict[str, torch.Tensor]] = {}  # without a run folder (library use): one per process
+
+
+class GenerationEval(Evaluation):
+    """Greedy continuations of the variant against the baseline's, through each one's KV cache."""
+
+    requires = ("perplexity",)
+
+    prompts: int = Field(4, ge=1, description="prompts taken from the perplexity text, evenly spaced")
+    prompt_tokens: int | None = Field(None, ge=1, description="tokens per prompt; default: the workload's first "
+                                      "prompt length")
+    new_tokens: int = Field(32, ge=1, description="tokens each model generates greedily per prompt")
+
+    def engine_refusal(self, engine: Any) -> str | None:
+        if not getattr(engine, "in_process", True):
+            return "generation agreement decodes the model in this process (an engine in a process of its own " \
+                   "serves no greedy continuations to it)"
+        return None
+
+
+class GenerationResult(Result):
+    generation_tokens_to_first_difference_mean: float
+    generation_identical_percent: float
+    generation_kl_mean: float
+    generation_kl_max: float
+    generation_protocol: dict[str, Any]
+
+
+def _spec(recipe: Any) -> tuple[GenerationEval, int]:
+    g = recipe.evaluations.generation
+    prompts = recipe.workload.prompt_tokens
+    return g, g.prompt_tokens or (prompts[0] if isinstance(prompts, list) else prompts)
+
+
+@register("generation", "greedy continuations through the KV cache against the baseline's: tokens to the first "
+          "difference, identical share, KL along the baseline's continuation")
+class Generation(Measurement):
+    order = 92
+    result = GenerationResult
+    evaluation = GenerationEval
+    title = "generation agreement"
+    section = "Greedy generation against the baseline"
+    columns = (
+        Column("generation_tokens_to_first_difference_mean", "tokens to first difference", ".1f",
+               higher_is_better=True),
+        Column("generation_identical_percent", "identical continuations %", ".1f", higher_is_better=True),
+        Column("generation_kl_mean", "KL along baseline continuation", ".5f", higher_is_better=False),
+        Column("generation_kl_max", "KL max along it", ".4f", higher_is_better=False),
+    )
+
+    def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
+        spec, prompt_tokens = _spec(ctx.recipe)
+        ids, text = scored_text(ctx.recipe.evaluations.perplexity.text, ctx.tokenizer, None)
+        prompts = prompt_windows(ids, spec.prompts, prompt_tokens)
+        baseline = ctx.recipe.baseline_variant
+        payload = {"baseline": baseline.key, "prompts": spec.prompts, "prompt_tokens": prompt_tokens,
+                   "new_tokens": spec.new_tokens, "tokens": token_ids_sha256(prompts.reshape(-1))}
+        key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        path = ctx.run_folder / "baselines" / f"generation-{key}.pt" if ctx.run_folder is not None else None
+        ref = _IN_PROCESS.get(key) if path is None else (torch.load(path, weights_only=True) if path.is_file() else None)
+        if ref is None:
+            model = ctx.baseline_model()
+            tokens, logprobs = decode(model, prompts, baseline.kv, spec.new_tokens, ctx.device)
+            ref = {"tokens": tokens, "logprobs": logprobs}
+            if path is None:
+                _IN_PROCESS[key] = ref
+            else:
+                atomic_write(path, lambda tmp: torch.save(ref, tmp))
+            del model
+        model, kv = ctx.model, ctx.variant.kv
+        tokens, _ = decode(model, prompts, kv, spec.new_tokens, ctx.device)
+        _, forced = decode(model, prompts, kv, spec.new_tokens, ctx.device, follow=ref["tokens"])
+        figures = agreement(ref["tokens"], tokens, ref["logprobs"], forced)
+        protocol = {"baseline": ctx.recipe.baseline_label, "prompts": spec.prompts, "prompt_tokens": prompt_tokens,
+                    "new_tokens": spec.new_tokens, "kv_format": kv.label, "baseline_kv_format": baseline.kv.label,
+                    "text": text.source, "reference": key}
+        return GenerationResult(**figures, generation_protocol=protocol)
+
+    def reads_kv_cache(self, row: dict[str, Any]) -> bool | None:
+        return True  # every step attends to the variant's stored keys and values
+
+    def provenance(self, row, rows, manifest):  # type: ignore[no-untyped-def]
+        p = row.get("generation_protocol")
+        if not p:
+            return None
+        return (f"{p['prompts']} prompts of {p['prompt_tokens']} tokens from {p['text']}, evenly spaced; the baseline "
+                f"({p['baseline']}, KV {p['baseline_kv_format']}) and each variant generate {p['new_tokens']} tokens "
+                "greedily, each through its own KV cache; tokens before the first difference and identical "
+                "continuations compare the two; KL(baseline ‖ variant) of the next-token distributions along the "
+                "baseline's continuation, the variant teacher-forced on it through its cache.")
