@@ -71,6 +71,7 @@ def test_report_and_csv_put_the_baseline_first(quickstart_slice: Path) -> None:
     assert json.loads((quickstart_slice / "manifest.json").read_text())["complete"] is True
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_report_is_rebuilt_from_results_jsonl(quickstart_slice: Path) -> None:
     before = (quickstart_slice / "report.md").read_text()
     page = (quickstart_slice / "report.html").read_text()

@@ -98,6 +98,7 @@ def test_a_twin_whose_solver_gave_up_its_claim_solves_its_own(solve_recipe, tmp_
     assert json.loads(json.dumps(sweep.recipe.to_spec()))["name"] == "solve"
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_add_reports_a_second_recipe_beside_the_first_in_one_folder(tmp_path: Path) -> None:
     from quantlab.report import load_rows
 

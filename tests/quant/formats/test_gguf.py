@@ -71,6 +71,7 @@ def test_the_importance_matrix_is_the_mean_squared_input_of_each_column() -> Non
     assert torch.allclose(sums[name].mean(), torch.cat(seen).square().mean(0), rtol=1e-5)
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_an_importance_matrix_lowers_the_error_it_weighs_over_the_model() -> None:
     calibration = _calibration()
     reference = _bundled()

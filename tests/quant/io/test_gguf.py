@@ -59,6 +59,7 @@ def test_a_per_module_mix_runs_in_transformers_gguf_loader_as_measured(tmp_path:
         AutoTokenizer.from_pretrained(TINY)(text).input_ids
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_symmetric_export_is_exact_and_a_gguf_source_passes_its_metadata_on(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
