@@ -106,7 +106,7 @@ def top1_agree(logp: torch.Tensor, logq_at: torch.Tensor, logq_max: torch.Tensor
 def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int, device: torch.device,
             what: str | None = "divergence, windows") -> dict[str, Any]:
     """The divergence figures of ``model`` against ``ref`` on the same windows."""
-    kls, agree, same, dprob, nll, token_nll, base_top = [], [], [], [], [], [], []
+    kls, agree, same, dprob, nll, token_nll, base_top, window_kl = [], [], [], [], [], [], [], []
     offset = 0
     for logq, nxt in _log_probs(model, ids, ref.window_tokens, batch_size, device, what):
         flat = logq.reshape(-1, logq.shape[-1])
@@ -125,6 +125,7 @@ def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int
             kl = (logp.exp() * (logp - logq_at)).sum(-1) + rest_p.exp() * (rest_p - rest_q)
             base_first = top_ids[:, 0]
         kls.append(kl.clamp(min=0).cpu())
+        window_kl.append(kls[-1].double().reshape(nxt.shape).mean(dim=1))
         agree.append(top1_agree(logp, logq_at, flat.max(-1).values).cpu())
         same.append((flat.argmax(-1) == base_first).cpu())  # llama.cpp's "same top p": the first maxima
         base_top.append(logp.max(-1).values.exp().cpu())
@@ -149,6 +150,7 @@ def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int
         "delta_perplexity_ci95_low": base_ppl * (math.exp(mean - half) - 1),
         "delta_perplexity_ci95_high": base_ppl * (math.exp(mean + half) - 1),
         "confidence_splits": confidence_splits(kl, delta_p, torch.cat(base_top)),
+        "divergence_windows": {"kl_mean": torch.cat(window_kl).tolist(), "nll_mean": window_nll.tolist()},
         "baseline_perplexity": base_ppl, "scored_tokens": kl.numel(), "windows": n,
         "baseline_rest_mass_mean": ref.rest_logmass.exp().double().mean().item(),
     }

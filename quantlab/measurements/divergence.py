@@ -64,6 +64,7 @@ class DivergenceResult(Result):
     ln_ppl_ratio_uncertainty: float | None = None
     ln_ppl_correlation_percent: float | None = None
     confidence_splits: dict[str, dict[str, float]] | None = None  # by the baseline's probability of its top token
+    divergence_windows: dict[str, list[float]] | None = None  # per window: mean KL, mean NLL (paired comparisons)
 
 
 def _spec(recipe: Any) -> tuple[Any, int, int | None]:

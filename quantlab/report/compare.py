@@ -36,7 +36,7 @@ def load_runs(dirs: list[Path]) -> pd.DataFrame:
         if name in names:  # same recipe on the same device twice: tell them apart by folder
             name = f"{name} ({Path(d).name})"
         names.append(name)
-        frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("decode_points", "decode_ms_samples", "exports")} for r in rows])
+        frame = pd.DataFrame([{k: v for k, v in r.items() if k not in ("decode_points", "decode_ms_samples", "exports", "divergence_windows")} for r in rows])
         frame.attrs["rows"] = rows
         frame.insert(0, "run", name)
         frame.insert(1, "run_dir", str(d))

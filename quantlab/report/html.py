@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from .headline import Headline
+from .paired import paired_lines
 from .plots import context_plot, latency_plot, memory_plot, noisy_left_out, pareto_plot
 from .summary import Summary
 from .table import (
@@ -65,14 +66,16 @@ def escaped(values: list[str]) -> list[str]:
     return [Struck(esc(v)) if isinstance(v, Struck) else esc(v) for v in values]
 
 
-def _divergence_figure(frame: pd.DataFrame, baseline: str) -> list[str]:
+def _divergence_figure(frame: pd.DataFrame, baseline: str, rows: list[dict[str, Any]]) -> list[str]:
     """KL divergence from the baseline against bytes, where the run measured it."""
     plot = pareto_plot(frame, baseline, "kl_divergence_mean", "mean KL divergence from the baseline (nats)")
     if plot is None:
         return []
     on_front = [v for v, f in pareto_variants(frame, "kl_divergence_mean").items() if f]
+    paired = paired_lines(frame, rows)
+    listed = f"<p>{esc(paired[0])}</p><ul>{''.join(f'<li>{esc(x)}</li>' for x in paired[1:])}</ul>" if paired else ""
     return ["<h2>Divergence against bytes</h2>",
-            _figure(plot, "plot-divergence", "Pareto front (ringed): " + (", ".join(on_front) or "none"))]
+            _figure(plot, "plot-divergence", "Pareto front (ringed): " + (", ".join(on_front) or "none")) + listed]
 
 
 def _figure(svg: str | None, ident: str, caption: str) -> str:
@@ -254,7 +257,7 @@ def render_html(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[
         "<h2>Perplexity against bytes</h2>",
         _figure(pareto_plot(frame, baseline), "plot-pareto",
                 "Pareto front (ringed): " + (", ".join(on_front) or "no variant with both figures")),
-        *_divergence_figure(frame, baseline),
+        *_divergence_figure(frame, baseline, rows),
         "<h2>Decode latency</h2>",
         _figure(latency_plot(rows), "plot-latency",
                 _latency_caption(rows, "Per-token decode time at each variant's first point.")),

@@ -7,6 +7,7 @@ from typing import Any
 import pandas as pd
 
 from .headline import Headline
+from .paired import paired_lines
 from .summary import Summary
 from .table import Section, Struck, cells, first_ok, has_metric, header, pareto_variants, point_section, sections
 from .text import exports_section, gguf_note, how_obtained, kv_unread_note, machines_note, software_line
@@ -60,6 +61,11 @@ def _pareto_line(frame: pd.DataFrame) -> list[str]:
             "Plots, the memory breakdown and the evidence table: [report.html](report.html)."]
 
 
+def _paired(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[str]:
+    lines = paired_lines(frame, rows)
+    return ["", lines[0], "", *(f"- {line}" for line in lines[1:])] if lines else []
+
+
 def headline_lines(head: Headline) -> list[str]:
     """The answer as a Markdown list, with the rules it was derived by."""
     lines = ["## The answer", ""]
@@ -101,6 +107,7 @@ def render(frame: pd.DataFrame, rows: list[dict[str, Any]], manifest: dict[str, 
         *([f"**Timing:** {banner}", ""] if banner else []),
         *summary_lines(table),
         *_pareto_line(frame),
+        *_paired(frame, rows),
         *kv_unread_note(rows),
         "",
         "## Details",

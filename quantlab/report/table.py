@@ -162,7 +162,7 @@ def pareto_variants(frame: pd.DataFrame, metric: str = "perplexity") -> dict[str
 
 def flatten(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per variant (its first measurement point), nested records as ``parent_child`` columns."""
-    return pd.json_normalize([{k: v for k, v in r.items() if k not in ("decode_points", "exports")} for r in rows],
+    return pd.json_normalize([{k: v for k, v in r.items() if k not in ("decode_points", "exports", "divergence_windows")} for r in rows],
                              sep="_")
 
 

@@ -1,0 +1,62 @@
+"""Paired comparisons along the divergence Pareto front: each variant on the front of mean KL against bytes set
+against its neighbour (the next cheaper one on the front), by a paired bootstrap over the windows both scored
+(``fidelity.paired``): whether their mean KL and their perplexity differ at 95%. A front point that is not
+distinguishable from its neighbour buys its extra bytes (or saves them) for no measurable change."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ..fidelity.paired import LEVEL, RESAMPLES, paired_bootstrap
+from .table import footprint_bytes, has_metric, measured, pareto_variants
+
+
+@dataclass(frozen=True)
+class Paired:
+    variant: str
+    neighbour: str
+    kl: dict[str, Any]
+    perplexity: dict[str, Any]
+
+    @property
+    def distinguishable(self) -> bool:
+        return self.kl["distinguishable"] or self.perplexity["distinguishable"]
+
+    def text(self) -> str:
+        k, p = self.kl, self.perplexity
+        verdict = "distinguishable" if self.distinguishable else "not distinguishable"
+        return (f"{self.variant} against {self.neighbour}: mean KL {k['difference']:+.5f} "
+                f"[{k['low']:+.5f}, {k['high']:+.5f}], perplexity {p['difference']:+.4f} "
+                f"[{p['low']:+.4f}, {p['high']:+.4f}]: {verdict}")
+
+
+def front_neighbours(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[Paired]:
+    """Each variant on the mean-KL front (by footprint bytes) against the next cheaper one on it, where both
+    recorded their per-window figures over the same windows."""
+    if not has_metric(frame, "kl_divergence_mean"):
+        return []
+    ok = measured(frame)
+    on = pareto_variants(frame, "kl_divergence_mean")
+    order = [v for _, v in sorted(zip(footprint_bytes(ok), ok["variant"])) if on.get(v)]
+    windows = {r["variant"]: r.get("divergence_windows") for r in rows if r.get("status") == "ok"}
+    found = []
+    for cheaper, dearer in zip(order, order[1:]):
+        a, b = windows.get(dearer), windows.get(cheaper)
+        if not a or not b or len(a["kl_mean"]) != len(b["kl_mean"]) or len(a["kl_mean"]) < 2:
+            continue
+        found.append(Paired(dearer, cheaper, paired_bootstrap(a["kl_mean"], b["kl_mean"]),
+                            paired_bootstrap(a["nll_mean"], b["nll_mean"], perplexity=True)))
+    return found
+
+
+def paired_lines(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[str]:
+    """The comparisons as sentences, with how they were made; none where nothing could be paired."""
+    found = front_neighbours(frame, rows)
+    if not found:
+        return []
+    how = (f"Paired bootstrap over the {found[0].kl['windows']} windows both variants scored ({RESAMPLES:,} "
+           f"resamples, {LEVEL:.0%} intervals of the difference, dearer minus cheaper) along the Pareto front of mean "
+           "KL against bytes:")
+    return [how, *(p.text() for p in found)]

@@ -1,0 +1,35 @@
+"""Paired comparisons along the divergence front: neighbours on the front of mean KL against bytes are compared over
+their shared windows, a real gap is called distinguishable, a noise-level one is not, and the reports say so."""
+import numpy as np
+import pandas as pd
+
+from quantlab.report.paired import front_neighbours, paired_lines
+
+RNG = np.random.default_rng(0)
+HARD = RNG.exponential(0.02, 32)  # the windows' own difficulty, shared by every variant
+
+
+def _row(variant: str, weight_bytes: int, kl_shift: float, noise: float = 1e-5) -> dict:
+    kl = HARD * (1 + kl_shift) + RNG.normal(0, noise, 32)
+    return {"variant": variant, "status": "ok", "weight_bytes": weight_bytes, "kl_divergence_mean": float(kl.mean()),
+            "divergence_windows": {"kl_mean": kl.tolist(), "nll_mean": (2.0 + kl).tolist()}}
+
+
+def test_front_neighbours_are_compared_and_a_noise_level_gap_is_not_distinguishable() -> None:
+    rows = [_row("int2", 100, 3.0), _row("int4", 200, 1.0, 2e-3), _row("int4-dearer", 300, 0.99, 2e-3),
+            _row("int8", 400, 0.1)]
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "divergence_windows"} for r in rows])
+    found = {p.variant: p for p in front_neighbours(frame, rows)}
+    assert set(found) == {"int4", "int4-dearer", "int8"} and found["int4"].neighbour == "int2"
+    assert found["int4"].distinguishable and found["int4"].kl["high"] < 0  # int4 diverges less than int2
+    assert not found["int4-dearer"].distinguishable  # 1% of KL apart under window-level noise twice as large
+    assert found["int8"].distinguishable
+    lines = paired_lines(frame, rows)
+    assert lines[0].startswith("Paired bootstrap over the 32 windows")
+    assert any("int4-dearer against int4" in line and "not distinguishable" in line for line in lines)
+
+
+def test_rows_without_per_window_figures_are_left_out() -> None:
+    rows = [_row("a", 100, 1.0), {**_row("b", 200, 0.5), "divergence_windows": None}]
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "divergence_windows"} for r in rows])
+    assert front_neighbours(frame, rows) == [] and paired_lines(frame, rows) == []
