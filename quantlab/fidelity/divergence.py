@@ -23,6 +23,7 @@ ln(PPL ratio) and its correlation), and the same split by the baseline's confide
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -154,3 +155,20 @@ def compare(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int
         "baseline_perplexity": base_ppl, "scored_tokens": kl.numel(), "windows": n,
         "baseline_rest_mass_mean": ref.rest_logmass.exp().double().mean().item(),
     }
+
+
+def noise_floor(model: nn.Module, ids: torch.Tensor, ref: Reference, batch_size: int, device: torch.device,
+                what: str | None = "noise floor, windows") -> dict[str, Any]:
+    """The baseline against itself through a numerically equivalent path: a copy of ``model`` computing in bfloat16
+    (float32 where ``model`` computes in a 16-bit dtype), scored against ``ref`` like any variant. What a variant
+    cannot be told from: a divergence at this level is the arithmetic's, not the format's."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    other = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    twin = copy.deepcopy(model).to(other)
+    figures = compare(twin, ids, ref, batch_size, device, what)
+    del twin
+    return {"path": f"the baseline computed in {str(other).removeprefix('torch.')} against itself in "
+                    f"{str(dtype).removeprefix('torch.')}",
+            "kl_mean": figures["kl_divergence_mean"], "kl_mean_uncertainty": figures["kl_divergence_mean_uncertainty"],
+            "kl_p99": figures["kl_divergence_p99"], "same_top_p_percent": figures["same_top_p_percent"],
+            "delta_p_rms_percent": figures["delta_p_rms_percent"]}

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from ..eval.base import Evaluation
 from ..eval.tokens import scored_text, token_ids_sha256
-from ..fidelity.divergence import Reference, compare, reference
+from ..fidelity.divergence import Reference, compare, noise_floor, reference
 from ..files import atomic_write
 from .base import Column, Measurement, Result, register
 
@@ -35,6 +35,8 @@ class DivergenceEval(Evaluation):
     window_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
     max_tokens: int | None = Field(None, ge=2, description="default: the perplexity evaluation's")
     batch_size: int = Field(4, ge=1, description="windows per forward pass")
+    noise_floor: bool = Field(True, description="score the (unquantized) baseline against itself computed in another "
+                              "dtype (bfloat16 for a float32 baseline), once, as the level no variant can be told from")
 
 
 class DivergenceResult(Result):
@@ -65,6 +67,7 @@ class DivergenceResult(Result):
     ln_ppl_correlation_percent: float | None = None
     confidence_splits: dict[str, dict[str, float]] | None = None  # by the baseline's probability of its top token
     divergence_windows: dict[str, list[float]] | None = None  # per window: mean KL, mean NLL (paired comparisons)
+    noise_floor: dict[str, Any] | None = None  # the baseline's row: itself through another dtype (fidelity.noise_floor)
 
 
 def _spec(recipe: Any) -> tuple[Any, int, int | None]:
@@ -90,6 +93,13 @@ def _store(path: Path | None, key: str, ref: Reference) -> None:
         _IN_PROCESS[key] = ref
     else:  # whole or absent, readable by the other processes filling the run folder: two writers write the same
         atomic_write(path, lambda tmp: torch.save(ref.state(), tmp))
+
+
+def _unquantized(model: Any) -> bool:
+    """Whether ``model`` is a torch model holding no quantized layer (one a dtype cast reproduces)."""
+    from ..quant.linear import QuantizedLinear
+
+    return isinstance(model, torch.nn.Module) and not any(isinstance(m, QuantizedLinear) for m in model.modules())
 
 
 @register("divergence", "KL divergence, top-1 agreement and Δ perplexity against the baseline variant")
@@ -128,6 +138,8 @@ class Divergence(Measurement):
             _store(path, key, ref)
             del model
         figures = compare(ctx.scoring_model, ids, ref, spec.batch_size, ctx.device)
+        if spec.noise_floor and ctx.variant.label == ctx.recipe.baseline_label and _unquantized(ctx.scoring_model):
+            figures["noise_floor"] = noise_floor(ctx.scoring_model, ids, ref, spec.batch_size, ctx.device)
         protocol = {"baseline": ctx.recipe.baseline_label, "windows": figures.pop("windows"),
                     "window_tokens": window, "scored_tokens": figures.pop("scored_tokens"),
                     "top_k": spec.top_k, "baseline_rest_mass_mean": figures.pop("baseline_rest_mass_mean"),

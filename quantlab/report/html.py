@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from .headline import Headline
-from .paired import paired_lines
+from .paired import floor_lines, paired_lines
 from .plots import context_plot, latency_plot, memory_plot, noisy_left_out, pareto_plot
 from .summary import Summary
 from .table import (
@@ -73,7 +73,8 @@ def _divergence_figure(frame: pd.DataFrame, baseline: str, rows: list[dict[str, 
         return []
     on_front = [v for v, f in pareto_variants(frame, "kl_divergence_mean").items() if f]
     paired = paired_lines(frame, rows)
-    listed = f"<p>{esc(paired[0])}</p><ul>{''.join(f'<li>{esc(x)}</li>' for x in paired[1:])}</ul>" if paired else ""
+    listed = "".join(f"<p>{esc(line)}</p>" for line in floor_lines(rows))
+    listed += f"<p>{esc(paired[0])}</p><ul>{''.join(f'<li>{esc(x)}</li>' for x in paired[1:])}</ul>" if paired else ""
     return ["<h2>Divergence against bytes</h2>",
             _figure(plot, "plot-divergence", "Pareto front (ringed): " + (", ".join(on_front) or "none")) + listed]
 

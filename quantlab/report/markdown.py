@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from .headline import Headline
-from .paired import paired_lines
+from .paired import floor_lines, paired_lines
 from .summary import Summary
 from .table import Section, Struck, cells, first_ok, has_metric, header, pareto_variants, point_section, sections
 from .text import exports_section, gguf_note, how_obtained, kv_unread_note, machines_note, software_line
@@ -62,8 +62,12 @@ def _pareto_line(frame: pd.DataFrame) -> list[str]:
 
 
 def _paired(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[str]:
+    """The noise floor and the paired comparisons along the divergence front, where the run has them."""
+    out = [line for floor in floor_lines(rows) for line in ("", floor)]
     lines = paired_lines(frame, rows)
-    return ["", lines[0], "", *(f"- {line}" for line in lines[1:])] if lines else []
+    if lines:
+        out += ["", lines[0], "", *(f"- {line}" for line in lines[1:])]
+    return out
 
 
 def headline_lines(head: Headline) -> list[str]:

@@ -1,4 +1,6 @@
-"""Paired comparisons along the divergence Pareto front: each variant on the front of mean KL against bytes set
+"""The noise floor, and paired comparisons along the divergence Pareto front. The floor is the baseline against
+itself computed in another dtype (its row's ``noise_floor``); a variant whose mean KL interval (±1.96σ) reaches the
+floor's cannot be told from the baseline. Paired comparisons: each variant on the front of mean KL against bytes set
 against its neighbour (the next cheaper one on the front), by a paired bootstrap over the windows both scored
 (``fidelity.paired``): whether their mean KL and their perplexity differ at 95%. A front point that is not
 distinguishable from its neighbour buys its extra bytes (or saves them) for no measurable change."""
@@ -60,3 +62,22 @@ def paired_lines(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[str]:
            f"resamples, {LEVEL:.0%} intervals of the difference, dearer minus cheaper) along the Pareto front of mean "
            "KL against bytes:")
     return [how, *(p.text() for p in found)]
+
+
+Z95 = 1.96
+
+
+def floor_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The floor as a sentence and the variants indistinguishable from the baseline by it; none without a floor."""
+    base = next((r for r in rows if r.get("status") == "ok" and r.get("noise_floor")), None)
+    if base is None:
+        return []
+    f = base["noise_floor"]
+    top = f["kl_mean"] + Z95 * f["kl_mean_uncertainty"]
+    under = [r["variant"] for r in rows if r is not base and r.get("status") == "ok"
+             and r.get("kl_divergence_mean") is not None
+             and r["kl_divergence_mean"] - Z95 * (r.get("kl_divergence_mean_uncertainty") or 0.0) <= top]
+    return [f"Noise floor, {f['path']}: mean KL {f['kl_mean']:.6f} ± {f['kl_mean_uncertainty']:.6f}, p99 "
+            f"{f['kl_p99']:.5f}, same top p {f['same_top_p_percent']:.2f}%, RMS Δp {f['delta_p_rms_percent']:.3f}%. "
+            + (f"Not distinguishable from the baseline (mean KL within {Z95}σ of the floor's): {', '.join(under)}."
+               if under else "Every other variant's mean KL is above it.")]

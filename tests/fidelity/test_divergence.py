@@ -132,3 +132,15 @@ def test_every_storage_mode_counts_top1_agreement_by_one_tie_rule() -> None:
         lq = F.log_softmax(variant(windows).logits[:, :-1].float(), -1).reshape(-1, 4096)
     overlap = ((lp == lp.max(-1, keepdim=True).values) & (lq == lq.max(-1, keepdim=True).values)).any(-1)
     assert figures[2] == pytest.approx(100 * overlap.double().mean().item())
+
+
+def test_the_noise_floor_is_the_baseline_in_bfloat16_small_but_not_zero_and_below_int4() -> None:
+    from quantlab.fidelity.divergence import noise_floor
+
+    base, variant, ids = _pair()
+    ref = reference(base, ids, WINDOW, 4, CPU, top_k=None)
+    floor = noise_floor(base, ids, ref, 4, CPU)
+    assert floor["path"] == "the baseline computed in bfloat16 against itself in float32"
+    int4 = compare(variant, ids, ref, 4, CPU)["kl_divergence_mean"]
+    assert 0 < floor["kl_mean"] < int4 and floor["kl_mean_uncertainty"] > 0
+    assert next(base.parameters()).dtype == torch.float32  # the copy was cast, not the model

@@ -3,7 +3,7 @@ their shared windows, a real gap is called distinguishable, a noise-level one is
 import numpy as np
 import pandas as pd
 
-from quantlab.report.paired import front_neighbours, paired_lines
+from quantlab.report.paired import floor_lines, front_neighbours, paired_lines
 
 RNG = np.random.default_rng(0)
 HARD = RNG.exponential(0.02, 32)  # the windows' own difficulty, shared by every variant
@@ -33,3 +33,16 @@ def test_rows_without_per_window_figures_are_left_out() -> None:
     rows = [_row("a", 100, 1.0), {**_row("b", 200, 0.5), "divergence_windows": None}]
     frame = pd.DataFrame([{k: v for k, v in r.items() if k != "divergence_windows"} for r in rows])
     assert front_neighbours(frame, rows) == [] and paired_lines(frame, rows) == []
+
+
+def test_the_floor_names_the_variants_whose_kl_interval_reaches_it() -> None:
+    floor = {"path": "the baseline computed in bfloat16 against itself in float32", "kl_mean": 1e-5,
+             "kl_mean_uncertainty": 1e-6, "kl_p99": 1e-4, "same_top_p_percent": 99.9, "delta_p_rms_percent": 0.01}
+    rows = [{"variant": "fp32", "status": "ok", "kl_divergence_mean": 0.0, "noise_floor": floor},
+            {"variant": "int8", "status": "ok", "kl_divergence_mean": 1.5e-5, "kl_divergence_mean_uncertainty": 2e-6},
+            {"variant": "int4", "status": "ok", "kl_divergence_mean": 3e-3, "kl_divergence_mean_uncertainty": 1e-4},
+            {"variant": "old", "status": "ok", "kl_divergence_mean": 1e-5}]  # a record without the uncertainty
+    (line,) = floor_lines(rows)
+    assert line.startswith("Noise floor, the baseline computed in bfloat16") and "0.000010 ± 0.000001" in line
+    assert line.endswith("Not distinguishable from the baseline (mean KL within 1.96σ of the floor's): int8, old.")
+    assert floor_lines(rows[1:]) == []
