@@ -9,7 +9,7 @@ import pandas as pd
 
 from .headline import Headline
 from .paired import floor_lines, paired_lines
-from .plots import context_plot, latency_plot, memory_plot, noisy_left_out, pareto_plot
+from .plots import context_plot, kl_distribution_plot, latency_plot, memory_plot, noisy_left_out, pareto_plot
 from .summary import Summary
 from .table import (
     Section,
@@ -75,8 +75,11 @@ def _divergence_figure(frame: pd.DataFrame, baseline: str, rows: list[dict[str, 
     paired = paired_lines(frame, rows)
     listed = "".join(f"<p>{esc(line)}</p>" for line in floor_lines(rows))
     listed += f"<p>{esc(paired[0])}</p><ul>{''.join(f'<li>{esc(x)}</li>' for x in paired[1:])}</ul>" if paired else ""
+    spread = _figure(kl_distribution_plot(rows), "plot-kl-distribution",
+                     "KL per position: each variant's percentiles (log scale), the noise floor dashed")
     return ["<h2>Divergence against bytes</h2>",
-            _figure(plot, "plot-divergence", "Pareto front (ringed): " + (", ".join(on_front) or "none")) + listed]
+            _figure(plot, "plot-divergence", "Pareto front (ringed): " + (", ".join(on_front) or "none")) + listed,
+            spread]
 
 
 def _figure(svg: str | None, ident: str, caption: str) -> str:

@@ -117,6 +117,35 @@ def latency_plot(rows: list[dict[str, Any]]) -> str | None:
         return to_svg(fig)
 
 
+KL_LEVELS = ("0.1", "1.0", "5.0", "10.0", "median", "90.0", "95.0", "99.0", "99.9", "max")  # left to right
+
+
+def kl_distribution_plot(rows: list[dict[str, Any]]) -> str | None:
+    """Each variant's KL distribution over the scored positions as llama-perplexity's percentiles (log scale), the
+    baseline's noise floor (its bfloat16 copy's mean KL) drawn across; None where no row recorded them."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("kl_divergence_quantiles")
+          and (r.get("kl_divergence_mean") or 0) > 0]
+    if not ok:
+        return None
+    floor = next((r["noise_floor"] for r in rows if r.get("status") == "ok" and r.get("noise_floor")), None)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        for r in ok:
+            q = r["kl_divergence_quantiles"]
+            levels = [k for k in KL_LEVELS if k in q and q[k] > 0]
+            ax.plot(range(len(levels)), [q[k] for k in levels], marker="o", markersize=3, label=r["variant"],
+                    gid=f"kl-{r['variant']}")
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(KL_LEVELS)), [k if k in ("median", "max") else f"{k}%" for k in KL_LEVELS])
+        ax.set_xlabel("percentile of the positions (llama-perplexity's)")
+        ax.set_ylabel("KL divergence from the baseline (nats)")
+        if floor is not None and floor["kl_mean"] > 0:
+            ax.axhline(floor["kl_mean"], color="#888888", linestyle="--", linewidth=1, gid="noise-floor",
+                       label=f"noise floor (mean KL, {floor['path'].split(' against')[0].removeprefix('the ')})")
+        ax.legend(fontsize=7, loc="upper left", frameon=False)
+        return to_svg(fig)
+
+
 def context_plot(rows: list[dict[str, Any]]) -> str | None:
     """Median decode ms/token against prompt length, per variant, at the first batch size; points timed on a noisy
     machine left out."""

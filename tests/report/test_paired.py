@@ -46,3 +46,20 @@ def test_the_floor_names_the_variants_whose_kl_interval_reaches_it() -> None:
     assert line.startswith("Noise floor, the baseline computed in bfloat16") and "0.000010 ± 0.000001" in line
     assert line.endswith("Not distinguishable from the baseline (mean KL within 1.96σ of the floor's): int8, old.")
     assert floor_lines(rows[1:]) == []
+
+
+def test_the_kl_distribution_plot_draws_each_variant_and_the_floor() -> None:
+    from quantlab.report.plots import kl_distribution_plot
+
+    q = {"max": 0.5, "99.9": 0.2, "99.0": 0.05, "95.0": 0.02, "90.0": 0.01, "median": 0.002, "10.0": 1e-4,
+         "5.0": 5e-5, "1.0": 1e-5, "0.1": 1e-6, "min": 0.0}
+    floor = {"path": "the baseline computed in bfloat16 against itself in float32", "kl_mean": 1e-4,
+             "kl_mean_uncertainty": 1e-6, "kl_p99": 1e-3, "same_top_p_percent": 99.0, "delta_p_rms_percent": 0.1}
+    rows = [{"variant": "fp32", "status": "ok", "kl_divergence_mean": 0.0, "noise_floor": floor,
+             "kl_divergence_quantiles": {k: 0.0 for k in q}},
+            {"variant": "int4", "status": "ok", "kl_divergence_mean": 0.01, "kl_divergence_quantiles": q}]
+    svg = kl_distribution_plot(rows)
+    assert svg is not None and svg.startswith("<svg")
+    assert 'id="kl-int4"' in svg and 'id="noise-floor"' in svg
+    assert 'id="kl-fp32"' not in svg  # the baseline against itself has no KL to draw
+    assert kl_distribution_plot([{**rows[1], "kl_divergence_quantiles": None}]) is None
