@@ -67,6 +67,11 @@ class Served(Protocol):
 
     def weight_components(self) -> dict[str, int]: ...
 
+    def generate(self, prompts: Any, steps: int, follow: Any = None) -> tuple[Any, Any]:
+        """Greedy continuations through the engine's own cache: ``(tokens [N, steps], log-probabilities [N, steps,
+        vocab])`` (``follow``: its tokens taken instead, teacher-forced). Optional: a served variant without it is
+        refused by the evaluations that need it (``Engine.serves_generation``)."""
+
     def close(self) -> None: ...
 
 
@@ -78,6 +83,7 @@ class Engine:
     ``serve`` (outside it)."""
 
     in_process: ClassVar[bool] = True  # True: decodes the model quantlab holds; False: serves its own copy
+    serves_generation: ClassVar[bool] = True  # greedy continuations (in process: the model; else ``Served.generate``)
 
     def missing(self) -> str | None:
         """What to install when this engine cannot run here (one line), or None."""

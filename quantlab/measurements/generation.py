@@ -5,7 +5,8 @@ identical, and the KL of the variant's next-token distribution along the baselin
 teacher-forced on it, through its cache). A KV format that looks harmless teacher-forced over short windows can
 still derail a long greedy generation; this is where it shows.
 
-The baseline's continuations and distributions are computed once per run and kept in the run folder
+A variant an engine serves outside this process (llama.cpp) generates through that engine's own cache
+(``Served.generate``). The baseline's continuations and distributions are computed once per run and kept in the run folder
 (``baselines/generation-<key>.pt``), as the divergence reference is."""
 from __future__ import annotations
 
@@ -36,9 +37,8 @@ class GenerationEval(Evaluation):
     new_tokens: int = Field(32, ge=1, description="tokens each model generates greedily per prompt")
 
     def engine_refusal(self, engine: Any) -> str | None:
-        if not getattr(engine, "in_process", True):
-            return "generation agreement decodes the model in this process (an engine in a process of its own " \
-                   "serves no greedy continuations to it)"
+        if not getattr(engine, "serves_generation", True):
+            return "this engine serves no greedy continuations (Served.generate)"
         return None
 
 
@@ -91,12 +91,17 @@ class Generation(Measurement):
             else:
                 atomic_write(path, lambda tmp: torch.save(ref, tmp))
             del model
-        model, kv = ctx.model, ctx.variant.kv
-        tokens, _ = decode(model, prompts, kv, spec.new_tokens, ctx.device)
-        _, forced = decode(model, prompts, kv, spec.new_tokens, ctx.device, follow=ref["tokens"])
+        kv, served = ctx.variant.kv, ctx.served()
+        if served is not None:  # an engine outside this process: its own cache
+            tokens, _ = served.generate(prompts, spec.new_tokens)
+            _, forced = served.generate(prompts, spec.new_tokens, follow=ref["tokens"])
+        else:
+            tokens, _ = decode(ctx.model, prompts, kv, spec.new_tokens, ctx.device)
+            _, forced = decode(ctx.model, prompts, kv, spec.new_tokens, ctx.device, follow=ref["tokens"])
         figures = agreement(ref["tokens"], tokens, ref["logprobs"], forced)
         protocol = {"baseline": ctx.recipe.baseline_label, "prompts": spec.prompts, "prompt_tokens": prompt_tokens,
                     "new_tokens": spec.new_tokens, "kv_format": kv.label, "baseline_kv_format": baseline.kv.label,
+                    "engine": getattr(ctx.variant, "engine", None),
                     "text": text.source, "reference": key}
         return GenerationResult(**figures, generation_protocol=protocol)
 

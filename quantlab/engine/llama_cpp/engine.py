@@ -131,6 +131,19 @@ class LlamaCppVariant:
     def weight_components(self) -> dict[str, int]:
         return gguf_weight_components(self.path)
 
+    def generate(self, prompts: torch.Tensor, steps: int,
+                 follow: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy continuations through llama.cpp's own cache (its cache type): ``(tokens [N, steps], log-probabilities
+        [N, steps, vocab])``, each prompt from an empty cache; ``follow``: take its tokens instead (teacher-forced)."""
+        import numpy as np
+
+        with tempfile.TemporaryDirectory(prefix="quantlab-generate-") as folder:
+            path = str(Path(folder) / "generated.npz")
+            self.process.ask(cmd="generate", prompts=prompts.tolist(), steps=steps, path=path,
+                             follow=None if follow is None else follow.tolist())
+            with np.load(path) as found:
+                return torch.from_numpy(found["tokens"]), torch.from_numpy(found["logprobs"])
+
     def decode(self, config: Any, *, batch_size: int, prompt_tokens: int, new_tokens: int, warmup_runs: int,
                prefill_repeats: int, seed: int) -> DecodeResult:
         """Warm up, time ``prefill_repeats`` prefills (each a generation of its own), then one generation of

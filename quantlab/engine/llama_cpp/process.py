@@ -66,11 +66,17 @@ def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) 
                    flash_attn=uses_flash_attention(cache_type))
     timing = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, **options)
     scoring: dict[int, Any] = {}  # one context per window length, keeping every position's logits
+    generating: dict[int, Any] = {}  # contexts for greedy continuations longer than the timing context holds
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "decode":
             reply = _decode(timing, cmd["prompt"], cmd["new_tokens"])
+        elif cmd["cmd"] == "generate":
+            need = len(cmd["prompts"][0]) + cmd["steps"]
+            llm = timing if need <= n_ctx else generating.setdefault(
+                need, Llama(model_path=path, n_ctx=need, n_batch=512, **options))
+            reply = _generate(llm, cmd["prompts"], cmd["steps"], cmd.get("follow"), cmd["path"])
         else:
             window = cmd["window"]
             if window not in scoring:
@@ -94,6 +100,27 @@ def _decode(llm: Any, prompt: list[int], new_tokens: int) -> dict[str, Any]:
         steps.append((time.perf_counter() - start) * 1e3)
         tokens.append(_greedy(llm))
     return {"prefill_ms": prefill_ms, "steps_ms": steps, "tokens": tokens}
+
+
+def _generate(llm: Any, prompts: list[list[int]], steps: int, follow: list[list[int]] | None, path: str) -> dict[str, Any]:
+    """For each prompt from an empty cache: ``steps`` tokens, each the most likely next one (or ``follow``'s), with
+    the log-probabilities before it; saved to ``path`` (``tokens [N, steps]``, ``logprobs [N, steps, vocab]``)."""
+    import numpy as np
+
+    tokens = np.zeros((len(prompts), steps), dtype=np.int64)
+    logprobs = np.zeros((len(prompts), steps, llm.n_vocab()), dtype=np.float32)
+    for i, prompt in enumerate(prompts):
+        llm.reset()
+        llm.eval(prompt)
+        for step in range(steps):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float64)
+            top = logits.max()
+            logprobs[i, step] = logits - top - np.log(np.exp(logits - top).sum())
+            tokens[i, step] = int(np.argmax(logits)) if follow is None else follow[i][step]
+            if step + 1 < steps:
+                llm.eval([int(tokens[i, step])])
+    np.savez(path, tokens=tokens, logprobs=logprobs)
+    return {"path": path}
 
 
 def _score(llm: Any, windows: list[list[int]], path: str | None, all_positions: bool = False) -> dict[str, Any]:

@@ -122,3 +122,32 @@ def test_llama_cpp_rows_are_measured_from_the_exported_file_beside_quantlabs(tmp
     assert records["fp32@auto"]["measurements"]["divergence"]["kl_divergence_mean"] == pytest.approx(0, abs=1e-6)
     report = (out / "report.md").read_text()
     assert "gguf-q8_0@llama.cpp" in report and "llama.cpp" in report
+
+
+@pytest.mark.llama_cpp
+def test_llama_cpp_generates_greedily_through_its_own_cache_for_generation_agreement(tmp_path: Path) -> None:
+    spec = recipe(weights=["fp32"], evaluations={
+        "perplexity": {"protocol": "windows", "window_tokens": 256, "max_tokens": 2048, "text": "bundled-heldout"},
+        "generation": {"prompts": 2, "new_tokens": 12}})
+    out = run_recipe(validate_recipe(spec), tmp_path / "run", log=lambda _: None)
+    records = {r["variant"]: r for r in (json.loads(p.read_text()) for p in (out / "records").glob("*.json"))}
+    ours, served = (records[k]["measurements"]["generation"] for k in ("fp32@auto", "fp32@llama.cpp"))
+    assert ours["generation_identical_percent"] == 100 and ours["generation_kl_mean"] == 0
+    assert served["generation_protocol"]["engine"] == "llama.cpp"
+    # the same fp32 weights in llama.cpp (f16 cache): the continuations agree for most of their length
+    assert served["generation_tokens_to_first_difference_mean"] >= 6 and 0 < served["generation_kl_mean"] < 0.01
+    gguf = out / "exports" / "fp32_llama.cpp" / "gguf" / "model.gguf"
+    from quantlab.engine.llama_cpp.engine import LlamaCppVariant
+
+    variant = LlamaCppVariant(gguf, "f16", 2, 64)
+    try:
+        prompts = torch.randint(0, 4096, (2, 20), generator=torch.Generator().manual_seed(0))
+        tokens, logprobs = variant.generate(prompts, 50)  # longer than the 64 positions of the timing context
+        assert tokens.shape == (2, 50) and logprobs.shape == (2, 50, 4096)
+        assert torch.equal(tokens, logprobs.argmax(-1))  # greedy on its own distributions
+        assert torch.allclose(logprobs.exp().sum(-1), torch.ones(2, 50), atol=1e-4)
+        follow = torch.randint(0, 4096, (2, 50), generator=torch.Generator().manual_seed(1))
+        forced, _ = variant.generate(prompts, 50, follow=follow)
+        assert torch.equal(forced, follow)
+    finally:
+        variant.close()
