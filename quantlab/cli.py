@@ -51,6 +51,13 @@ def _report(args: argparse.Namespace) -> int:
 
     if not Path(args.dir).is_dir():
         raise QuantlabError(f"{args.dir}: no such results folder")
+    if args.paired:
+        from .report import load_rows
+        from .report.paired import paired_between
+
+        rows, _ = load_rows(Path(args.dir))
+        print(paired_between(rows, *args.paired).text())
+        return 0
     try:
         path = write_report(Path(args.dir), log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
         if args.summary:
@@ -280,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir", help="a run's output folder")
     report.add_argument("--summary", action="store_true",
                         help="print the answer (as quantlab run ends) instead of the report's path")
+    report.add_argument("--paired", nargs=2, metavar=("A", "B"),
+                        help="print whether variants A and B differ in mean KL and in their log-likelihood's exp (a "
+                        "paired bootstrap over the windows both scored, 95%%) instead of rebuilding the views")
     report.set_defaults(func=_report)
     compare = sub.add_parser("compare", help="one report across runs, variants aligned by label",
                              description="Build compare.md, compare.html and compare.csv from two or more result "

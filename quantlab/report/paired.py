@@ -53,6 +53,25 @@ def front_neighbours(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[Pa
     return found
 
 
+def paired_between(rows: list[dict[str, Any]], first: str, second: str) -> Paired:
+    """Any two measured variants of a run (by label), compared over the windows both scored."""
+    from ..errors import QuantlabError
+
+    found = {r["variant"]: r for r in rows if r.get("status") == "ok"}
+    for name in (first, second):
+        if name not in found:
+            raise QuantlabError(f"no measured variant {name!r} in this run (measured: {', '.join(found) or 'none'})")
+        if not found[name].get("divergence_windows"):
+            raise QuantlabError(f"{name}: its record holds no per-window divergence figures (evaluations.divergence, "
+                                "measured by this version or later)")
+    a, b = found[first]["divergence_windows"], found[second]["divergence_windows"]
+    if len(a["kl_mean"]) != len(b["kl_mean"]):
+        raise QuantlabError(f"{first} and {second} were scored on different windows ({len(a['kl_mean'])} and "
+                            f"{len(b['kl_mean'])})")
+    return Paired(first, second, paired_bootstrap(a["kl_mean"], b["kl_mean"]),
+                  paired_bootstrap(a["nll_mean"], b["nll_mean"], perplexity=True))
+
+
 def paired_lines(frame: pd.DataFrame, rows: list[dict[str, Any]]) -> list[str]:
     """The comparisons as sentences, with how they were made; none where nothing could be paired."""
     found = front_neighbours(frame, rows)

@@ -63,3 +63,18 @@ def test_the_kl_distribution_plot_draws_each_variant_and_the_floor() -> None:
     assert 'id="kl-int4"' in svg and 'id="noise-floor"' in svg
     assert 'id="kl-fp32"' not in svg  # the baseline against itself has no KL to draw
     assert kl_distribution_plot([{**rows[1], "kl_divergence_quantiles": None}]) is None
+
+
+def test_any_two_variants_are_compared_and_missing_figures_are_one_line_errors() -> None:
+    import pytest
+
+    from quantlab.errors import QuantlabError
+    from quantlab.report.paired import paired_between
+
+    rows = [_row("int2", 100, 3.0), _row("int8", 400, 0.1), {**_row("old", 300, 0.5), "divergence_windows": None}]
+    got = paired_between(rows, "int2", "int8")
+    assert got.kl["difference"] > 0 and got.distinguishable and got.text().startswith("int2 against int8: mean KL +")
+    with pytest.raises(QuantlabError, match="no measured variant 'int3' in this run"):
+        paired_between(rows, "int3", "int8")
+    with pytest.raises(QuantlabError, match="old: its record holds no per-window divergence figures"):
+        paired_between(rows, "old", "int8")
