@@ -490,6 +490,7 @@ def test_threads_from_the_recipe_or_the_cli_reach_the_measuring_process_and_are_
         recipe.with_threads(0)
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_each_variant_compares_the_copy_bandwidth_after_it_with_one_measured_just_before_it(
         small_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import quantlab.run.sweep as sweep

@@ -89,6 +89,7 @@ def test_an_importance_matrix_lowers_the_error_it_weighs_over_the_model() -> Non
     assert weighted[True] < 0.9 * weighted[False]
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_the_importance_matrix_file_is_llama_cpps_layout_and_reads_back_to_the_same_blocks(tmp_path) -> None:
     gguf = pytest.importorskip("gguf")
     from quantlab.quant.io.imatrix import read_imatrix

@@ -85,6 +85,7 @@ def test_the_export_is_llama_cpps_own_file_tensor_for_tensor(models, recipe: str
     assert (tmp_path / "ours" / "model.gguf").stat().st_size == (tmp_path / "theirs.gguf").stat().st_size
 
 
+@pytest.mark.slow  # several seconds; CI's slow tier runs it
 def test_a_mix_over_ggml_types_holds_a_named_mixs_bytes_and_exports(models, tmp_path: Path) -> None:
     """``mixed`` over GGUF types with ``budget_format: {format: gguf, recipe: Q4_K_M}``: the linears take at most
     the bytes llama.cpp's Q4_K_M gives them, and the chosen mix writes a GGUF whose tensors hold those types."""

@@ -207,6 +207,7 @@ def gptqmodel_weights(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return torch.load(folder / "out.pt")
 
 
+@pytest.mark.slow  # several seconds (GPTQModel in a subprocess, a whole model); CI's slow tier runs it
 @pytest.mark.parametrize("group_size,act_order", GPTQMODEL_CASES)
 def test_the_solve_gives_gptqmodels_weights_for_the_same_weight_and_hessian(
     group_size: int | None, act_order: bool, gptqmodel_weights: dict
