@@ -108,14 +108,19 @@ def llama_statistics(kl: torch.Tensor, nll: torch.Tensor, nll_base: torch.Tensor
     }
 
 
+def split_bounds(edges: tuple[float, ...] = CONFIDENCE_EDGES) -> dict[str, tuple[float, float]]:
+    """Each confidence split's name (``<0.5``, ``0.5-0.9``, ``>=0.9``) and its ``[low, high)`` bounds."""
+    bounds = [0.0, *edges, math.inf]
+    return {(f"<{high:g}" if low == 0 else f">={low:g}" if high == math.inf else f"{low:g}-{high:g}"): (low, high)
+            for low, high in zip(bounds, bounds[1:])}
+
+
 def confidence_splits(kl: torch.Tensor, delta_p: torch.Tensor, base_top_prob: torch.Tensor,
                       edges: tuple[float, ...] = CONFIDENCE_EDGES) -> dict[str, dict[str, float]]:
     """KL and Δp split by the baseline's probability of its own most likely token (``< 0.5``, ``0.5-0.9``,
     ``>= 0.9`` by default): per split its share of positions, KL mean ± σ, median, p99 and max, Δp mean and RMS."""
-    bounds = [0.0, *edges, math.inf]
     splits: dict[str, dict[str, float]] = {}
-    for low, high in zip(bounds, bounds[1:]):
-        name = f"<{high:g}" if low == 0 else f">={low:g}" if high == math.inf else f"{low:g}-{high:g}"
+    for name, (low, high) in split_bounds(edges).items():
         keep = (base_top_prob >= low) & (base_top_prob < high)
         count = int(keep.sum())
         if count == 0:

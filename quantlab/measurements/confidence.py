@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fidelity.statistics import CONFIDENCE_EDGES
+from ..fidelity.statistics import CONFIDENCE_EDGES, split_bounds
 from .base import Column, Measurement, Result, register
 
 LOW, HIGH = CONFIDENCE_EDGES
-SPLITS = {"low": f"<{LOW:g}", "mid": f"{LOW:g}-{HIGH:g}", "high": f">={HIGH:g}"}  # the records' split names
+SPLITS = dict(zip(("low", "mid", "high"), split_bounds()))  # column key -> the records' split name
 HEADINGS = {"low": f"p(top) under {LOW:g}", "mid": f"p(top) {LOW:g} to {HIGH:g}", "high": f"p(top) {HIGH:g}+"}
 
 

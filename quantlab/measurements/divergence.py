@@ -1,15 +1,10 @@
 """KL divergence, top-1 agreement and Δ perplexity against the baseline variant (as llama.cpp's
 ``--kl-divergence`` reports them), on disjoint windows of the perplexity text.
 
-The baseline's distributions are computed once per run and kept in the run folder (``baselines/``), written
-atomically: the baseline variant writes them when it is measured, and a variant that finds none (measured first,
-elsewhere, or in a run without the baseline's record) computes them by loading the baseline itself.
+The baseline's distributions are computed once per run and kept in the run folder (``baselines.kept_baseline``).
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,10 +13,8 @@ from pydantic import Field
 from ..eval.base import Evaluation
 from ..eval.tokens import scored_text, token_ids_sha256
 from ..fidelity.divergence import Reference, compare, noise_floor, reference
-from ..files import atomic_write
 from .base import Column, Measurement, Result, register
-
-_IN_PROCESS: dict[str, Reference] = {}  # without a run folder (library use): one per process
+from .baselines import kept_baseline
 
 
 class DivergenceEval(Evaluation):
@@ -75,26 +68,6 @@ def _spec(recipe: Any) -> tuple[Any, int, int | None]:
     return d, d.window_tokens or p.window_tokens, d.max_tokens or p.max_tokens
 
 
-def _reference_key(recipe: Any, ids: torch.Tensor) -> str:
-    d, window, _ = _spec(recipe)
-    payload = {"baseline": recipe.baseline_variant.key, "window_tokens": window, "top_k": d.top_k,
-               "tokens": token_ids_sha256(ids)}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _load(path: Path | None, key: str) -> Reference | None:
-    if path is None:
-        return _IN_PROCESS.get(key)
-    return Reference.from_state(torch.load(path, weights_only=True)) if path.is_file() else None
-
-
-def _store(path: Path | None, key: str, ref: Reference) -> None:
-    if path is None:
-        _IN_PROCESS[key] = ref
-    else:  # whole or absent, readable by the other processes filling the run folder: two writers write the same
-        atomic_write(path, lambda tmp: torch.save(ref.state(), tmp))
-
-
 def _unquantized(model: Any) -> bool:
     """Whether ``model`` is a torch model holding no quantized layer (one a dtype cast reproduces)."""
     from ..quant.linear import QuantizedLinear
@@ -129,14 +102,11 @@ class Divergence(Measurement):
     def measure(self, ctx, point=None):  # type: ignore[no-untyped-def]
         spec, window, max_tokens = _spec(ctx.recipe)
         ids, text = scored_text(ctx.recipe.evaluations.perplexity.text, ctx.tokenizer, max_tokens)
-        key = _reference_key(ctx.recipe, ids)
-        path = ctx.run_folder / "baselines" / f"{key}.pt" if ctx.run_folder is not None else None
-        ref = _load(path, key)
-        if ref is None:
-            model = ctx.baseline_model()
-            ref = reference(model, ids, window, spec.batch_size, ctx.device, spec.top_k)
-            _store(path, key, ref)
-            del model
+        payload = {"baseline": ctx.recipe.baseline_variant.key, "window_tokens": window, "top_k": spec.top_k,
+                   "tokens": token_ids_sha256(ids)}
+        state, key = kept_baseline(ctx, "", payload, lambda model: reference(
+            model, ids, window, spec.batch_size, ctx.device, spec.top_k).state())
+        ref = Reference.from_state(state)
         figures = compare(ctx.scoring_model, ids, ref, spec.batch_size, ctx.device)
         if spec.noise_floor and ctx.variant.label == ctx.recipe.baseline_label and _unquantized(ctx.scoring_model):
             figures["noise_floor"] = noise_floor(ctx.scoring_model, ids, ref, spec.batch_size, ctx.device)

@@ -5,13 +5,11 @@ identical, and the KL of the variant's next-token distribution along the baselin
 teacher-forced on it, through its cache). A KV format that looks harmless teacher-forced over short windows can
 still derail a long greedy generation; this is where it shows.
 
-A variant an engine serves outside this process (llama.cpp) generates through that engine's own cache
-(``Served.generate``). The baseline's continuations and distributions are computed once per run and kept in the run folder
-(``baselines/generation-<key>.pt``), as the divergence reference is."""
+A variant an engine serves outside this process generates through that engine's own cache (``Served.generate``).
+The baseline's continuations and distributions are computed once per run and kept in the run folder
+(``baselines/generation-<key>.pt``, ``baselines.kept_baseline``), as the divergence reference is."""
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import torch
@@ -20,10 +18,8 @@ from pydantic import Field
 from ..eval.base import Evaluation
 from ..eval.generation import agreement, decode, prompt_windows
 from ..eval.tokens import scored_text, token_ids_sha256
-from ..files import atomic_write
 from .base import Column, Measurement, Result, register
-
-_IN_PROCESS: dict[str, dict[str, torch.Tensor]] = {}  # without a run folder (library use): one per process
+from .baselines import kept_baseline
 
 
 class GenerationEval(Evaluation):
@@ -79,18 +75,12 @@ class Generation(Measurement):
         baseline = ctx.recipe.baseline_variant
         payload = {"baseline": baseline.key, "prompts": spec.prompts, "prompt_tokens": prompt_tokens,
                    "new_tokens": spec.new_tokens, "tokens": token_ids_sha256(prompts.reshape(-1))}
-        key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-        path = ctx.run_folder / "baselines" / f"generation-{key}.pt" if ctx.run_folder is not None else None
-        ref = _IN_PROCESS.get(key) if path is None else (torch.load(path, weights_only=True) if path.is_file() else None)
-        if ref is None:
-            model = ctx.baseline_model()
+
+        def continue_greedily(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             tokens, logprobs = decode(model, prompts, baseline.kv, spec.new_tokens, ctx.device)
-            ref = {"tokens": tokens, "logprobs": logprobs}
-            if path is None:
-                _IN_PROCESS[key] = ref
-            else:
-                atomic_write(path, lambda tmp: torch.save(ref, tmp))
-            del model
+            return {"tokens": tokens, "logprobs": logprobs}
+
+        ref, key = kept_baseline(ctx, "generation-", payload, continue_greedily)
         kv, served = ctx.variant.kv, ctx.served()
         if served is not None:  # an engine outside this process: its own cache
             tokens, _ = served.generate(prompts, spec.new_tokens)

@@ -17,8 +17,8 @@ def test_a_small_constant_shift_under_large_window_noise_is_distinguishable_beca
     assert got["difference"] == pytest.approx(0.01)
     assert got["low"] == pytest.approx(0.01) and got["high"] == pytest.approx(0.01)  # the pairs all differ by 0.01
     assert got["distinguishable"] and got["windows"] == 40
-    unpaired = np.sqrt(a.var(ddof=1) / 40 + b.var(ddof=1) / 40)
-    assert 1.96 * unpaired > 0.01  # unpaired, the same shift would be lost in the noise
+    unpaired = paired_bootstrap(a, RNG.permutation(b))  # the pairs broken: the same shift is lost in the noise
+    assert unpaired["difference"] == pytest.approx(0.01) and not unpaired["distinguishable"]
 
 
 def test_noise_alone_is_not_distinguishable_and_the_interval_holds_the_difference() -> None:

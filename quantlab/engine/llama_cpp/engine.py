@@ -85,6 +85,20 @@ def note(rows: list[dict[str, Any]], figure: Figure) -> str:
             "process's resident peak.")
 
 
+def _ask_for_arrays(process: LlamaCppProcess, name: str, **cmd: Any) -> dict[str, torch.Tensor]:
+    """Ask the child for arrays it writes to a file (``name``: ``.npy`` for one, ``.npz`` for several), read back
+    as tensors (``logits`` for a single array)."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="quantlab-llama-cpp-") as folder:
+        path = str(Path(folder) / name)
+        process.ask(path=path, **cmd)
+        if name.endswith(".npy"):
+            return {"logits": torch.from_numpy(np.load(path))}
+        with np.load(path) as found:
+            return {k: torch.from_numpy(found[k]) for k in found.files}
+
+
 class LlamaCppLM(nn.Module):
     """llama.cpp's logits for whole windows, called as quantlab's evaluations call a model
     (``model(input_ids=[batch, window]).logits`` → ``[batch, window, vocab]`` float32), each window from an empty
@@ -98,14 +112,9 @@ class LlamaCppLM(nn.Module):
         if past_key_values is not None:
             raise UnsupportedError(f"engine {NAME} scores whole windows (perplexity protocols windows and sliding), "
                                    "not through a transformers cache")
-        import numpy as np
-
-        with tempfile.TemporaryDirectory(prefix="quantlab-logits-") as folder:
-            path = str(Path(folder) / "logits.npy")
-            self.process.ask(cmd="logits", windows=input_ids.tolist(), window=input_ids.shape[1], path=path,
-                             all_positions=True)
-            logits = torch.from_numpy(np.load(path))
-        return SimpleNamespace(logits=logits.to(input_ids.device))
+        found = _ask_for_arrays(self.process, "logits.npy", cmd="logits", windows=input_ids.tolist(),
+                                window=input_ids.shape[1], all_positions=True)
+        return SimpleNamespace(logits=found["logits"].to(input_ids.device))
 
 
 class LlamaCppVariant:
@@ -135,14 +144,9 @@ class LlamaCppVariant:
                  follow: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy continuations through llama.cpp's own cache (its cache type): ``(tokens [N, steps], log-probabilities
         [N, steps, vocab])``, each prompt from an empty cache; ``follow``: take its tokens instead (teacher-forced)."""
-        import numpy as np
-
-        with tempfile.TemporaryDirectory(prefix="quantlab-generate-") as folder:
-            path = str(Path(folder) / "generated.npz")
-            self.process.ask(cmd="generate", prompts=prompts.tolist(), steps=steps, path=path,
-                             follow=None if follow is None else follow.tolist())
-            with np.load(path) as found:
-                return torch.from_numpy(found["tokens"]), torch.from_numpy(found["logprobs"])
+        found = _ask_for_arrays(self.process, "generated.npz", cmd="generate", prompts=prompts.tolist(), steps=steps,
+                                follow=None if follow is None else follow.tolist())
+        return found["tokens"], found["logprobs"]
 
     def decode(self, config: Any, *, batch_size: int, prompt_tokens: int, new_tokens: int, warmup_runs: int,
                prefill_repeats: int, seed: int) -> DecodeResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..tensors.base import Spec, WeightTensor
-from .base import Codec
+from .base import Codec, codec_for
 
 
 class IntegerCodec(Codec):
@@ -31,3 +31,14 @@ class IntegerCodec(Codec):
         if integer is None:
             return why
         return self.layout(integer.spec()) or self.shape(integer)
+
+
+def as_integer(target: str, q: WeightTensor) -> Any:
+    """``q`` as integer codes with integer zero points, through its form's codec for ``target`` (asked of tensors the
+    codec's ``refusal`` let through)."""
+    codec = codec_for(target, q.form)
+    assert isinstance(codec, IntegerCodec), f"no integer codec writes {q.form} to {target}"
+    found, why = codec.integer(q)
+    if found is None:
+        raise ValueError(why)
+    return found

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
-from ..codecs.integer import IntegerCodec
+from ..codecs.integer import as_integer
 from ..forms.affine.awq_layout import pack_awq
 from ..forms.affine.codecs import scale_cast_deviation
 from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors, write_checkpoint
@@ -29,15 +29,10 @@ class AWQExporter(Exporter):
     one_setting = True
     nearest = "format: int4 (or awq, gptq) with group_size 32, 64 or 128 dividing the input"
 
-    def _integer(self, q: Any) -> Any:
-        codec = self.codec(q)
-        assert isinstance(codec, IntegerCodec)
-        return codec.integer(q)[0]
-
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
         result = ExportResult("awq", folder, [])
-        integers = {lw.name: self._integer(lw.stored) for lw in linears}
+        integers = {lw.name: as_integer("awq", lw.stored) for lw in linears}
         groups = {q.group_size for q in integers.values()}
         if len(groups) != 1:
             raise UnsupportedError(f"layers use groups of {sorted(groups)}; the AWQ format has one group size "

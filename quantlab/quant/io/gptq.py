@@ -20,21 +20,13 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedError
-from ..codecs.integer import IntegerCodec
+from ..codecs.integer import as_integer
 from ..forms.affine.codecs import scale_cast_deviation
 from ..forms.affine.gptq_layout import FORMATS, from_gptq_tensors, to_gptq_tensors
 from ..forms.affine.tensor import QuantizedTensor
 from ..kernels.base import DequantKernel, choose_kernel
 from ..linear import QuantizedLinear
-from ..tensors.base import WeightTensor
 from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tensors, quantized_linears, write_checkpoint
-
-
-def _integer(exporter: Exporter, q: WeightTensor) -> QuantizedTensor:
-    codec = exporter.codec(q)
-    assert isinstance(codec, IntegerCodec)
-    found, _ = codec.integer(q)
-    return found
 
 
 def save_gptq(
@@ -69,7 +61,7 @@ def write_gptq(model: nn.Module, linears: list[LinearWeight], folder: Path, toke
     settings = set()
     written: dict[str, QuantizedTensor] = {}
     for lw in linears:
-        q = written[lw.name] = _integer(GPTQExporter(), lw.stored)
+        q = written[lw.name] = as_integer("gptq", lw.stored)
         if checkpoint_format == "auto":
             checkpoint_format = "gptq" if q.symmetric else "gptq_v2"
         settings.add((q.bits, q.group_size or -1, q.symmetric, q.g_idx is not None,

@@ -9,7 +9,7 @@ named, dequantize+matmul.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, ClassVar, Iterator
+from typing import Annotated, Callable, ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -166,20 +166,6 @@ def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tenso
     out, n_in = shape
     block = max(1, block_elements // n_in)
     return torch.cat([F.linear(x, rows(r, min(r + block, out))) for r in range(0, out, block)], dim=-1)
-
-
-def act_order_columns(q: Any) -> torch.Tensor | None:
-    """For act-order tensors: input columns sorted by group, so each group is contiguous."""
-    return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
-
-
-def group_index(column_order: torch.Tensor | None, group: int) -> torch.Tensor | None:
-    """Inverse of ``act_order_columns``: the group of each input column (``g_idx``) from the sorted order."""
-    if column_order is None:
-        return None
-    g_idx = torch.empty_like(column_order)
-    g_idx[column_order.long()] = (torch.arange(column_order.numel(), device=column_order.device) // group).to(g_idx.dtype)
-    return g_idx
 
 
 class KernelRegistry:

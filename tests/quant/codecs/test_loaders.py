@@ -97,18 +97,16 @@ def _id(spec: dict[str, Any] | str) -> str:
 
 
 SLOW_LOADERS = ("gptq", "awq")  # GPTQModel picks and checks a kernel per layer: seconds each, in the slow tier
-SLOW_CASES = (("gguf", 2), ("gguf", 3))  # (target, index): a target's further cases of one form, in the slow tier
+SLOW_CASES = {("gguf", "affine", 2), ("gguf", "affine", 3), ("gguf", "ggml", 1), ("gguf", "dense", 1)}  # (.., index)
 
 
-def _slow(target: str, form: str, spec: dict[str, Any] | str) -> bool:
-    index = CASES[(target, form)].index(spec)
-    return target in SLOW_LOADERS or (target, index) in SLOW_CASES or (target == "gguf" and index > 0 and
-                                                                      form in ("ggml", "dense"))
+def _slow(target: str, form: str, index: int) -> bool:
+    return target in SLOW_LOADERS or (target, form, index) in SLOW_CASES
 
 
 @pytest.mark.parametrize("target,form,spec", [
-    pytest.param(t, f, s, id=f"{t}-{f}-{_id(s)}", marks=[pytest.mark.slow] if _slow(t, f, s) else [])
-    for (t, f), specs in CASES.items() for s in specs])
+    pytest.param(t, f, s, id=f"{t}-{f}-{_id(s)}", marks=[pytest.mark.slow] if _slow(t, f, i) else [])
+    for (t, f), specs in CASES.items() for i, s in enumerate(specs)])
 def test_the_targets_own_loader_gives_the_measured_logits(target: str, form: str, spec: dict | str,
                                                           tmp_path: Path) -> None:
     if target in ("compressed-tensors",):

@@ -17,10 +17,10 @@ import torch
 
 from .... import native
 from ....native.ops import native_op, register_fake
-from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, act_order_columns, group_index, traced
+from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
 from ...tensors.primitives import pack
 from .float_zero import FloatZeroTensor
-from .tensor import QuantizedTensor
+from .tensor import QuantizedTensor, act_order_columns, group_index
 
 BLOCK = 32  # codes per block: input widths and group sizes must be multiples of it
 SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -152,3 +152,17 @@ def quantize_tensor(
         bits=bits,
         group_size=group_size,
     )
+
+
+def act_order_columns(q: QuantizedTensor) -> torch.Tensor | None:
+    """For act-order tensors: input columns sorted by group, so each group is contiguous."""
+    return None if q.g_idx is None else torch.argsort(q.g_idx.long(), stable=True).to(torch.int32)
+
+
+def group_index(column_order: torch.Tensor | None, group: int) -> torch.Tensor | None:
+    """Inverse of ``act_order_columns``: the group of each input column (``g_idx``) from the sorted order."""
+    if column_order is None:
+        return None
+    g_idx = torch.empty_like(column_order)
+    g_idx[column_order.long()] = (torch.arange(column_order.numel(), device=column_order.device) // group).to(g_idx.dtype)
+    return g_idx

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from ....errors import UnsupportedError
-from ...kernels.base import KERNELS, Kernel, act_order_columns, fused_row_matmul, group_index, use_fused_row_matmul
+from ...kernels.base import KERNELS, Kernel, fused_row_matmul, use_fused_row_matmul
 from ...tensors.primitives import pack
 from .float_zero import FloatZeroTensor
-from .tensor import QuantizedTensor
+from .tensor import QuantizedTensor, act_order_columns, group_index
 
 INT4_GROUPS = (32, 64, 128, 256)
 
