@@ -72,8 +72,9 @@ def reads_codes(store: CodeStore | None) -> bool:
     if store is None:
         return True
     codec = store.codec
-    if getattr(codec, "rotate", False) or getattr(codec, "element", None) is not None:
-        return False  # rotated or microscaling stores are read through their expression
+    if getattr(codec, "rotate", False) or getattr(codec, "element", None) is not None \
+            or getattr(codec, "head_scale", None) is not None:
+        return False  # rotated, microscaling or per-head scaled stores are read through their expression
     if codec.bits is not None and codec.axis == "channel":
         return codec.block <= MAX_CHANNEL_BLOCK
     return _kind(codec.bits, codec.dtype) is not None and store.shape[2] <= MAX_HEAD_DIM

@@ -47,6 +47,21 @@ class KVFormat(BaseModel):
                                         f"{positions}")
         return None
 
+    @property
+    def calibrates(self) -> bool:
+        """Whether the format takes figures from the model on calibration text (static scales) before a cache is
+        made; a run calls ``calibrated`` once per variant, on the variant's own quantized model."""
+        return False
+
+    def calibrated(self, model: torch.nn.Module, samples: list[torch.Tensor], source: str = "") -> "KVFormat":
+        """This format with what it calibrates taken from ``model`` run on ``samples`` (token ids, each
+        ``[1, seq]``; ``source`` names them in the record); the format itself when it calibrates nothing."""
+        return self
+
+    def calibration(self) -> str | None:
+        """What the format calibrated and on what (recorded beside the cache's bytes), or None."""
+        return None
+
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         """A fresh, empty cache for one generation with a model of this config; with ``max_cache_len``,
         a static one of that length (for compiled decoding)."""

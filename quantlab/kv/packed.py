@@ -26,6 +26,7 @@ from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, 
 
 Axis = Literal["token", "channel"]
 FP16_TINY = torch.finfo(torch.float16).tiny
+E4M3_MAX = 448.0
 ROTATION_BLOCK = 64  # llama.cpp rotates heads whose size is a multiple of 64, in blocks of 64
 ELEMENTS = {"nvfp4": ("e2m1", 16), "mxfp4": ("e2m1", 32), "mxfp8": ("e4m3", 32)}  # element, block of a head
 
@@ -33,6 +34,11 @@ ELEMENTS = {"nvfp4": ("e2m1", 16), "mxfp4": ("e2m1", 32), "mxfp8": ("e4m3", 32)}
 @functools.cache
 def _hadamard(n: int) -> torch.Tensor:
     """The orthonormal Sylvester-Hadamard matrix of size ``n`` (a power of two): symmetric, its own inverse."""
+    with torch.inference_mode(False):  # cached: never an inference tensor, whichever mode first asks for it
+        return _sylvester(n)
+
+
+def _sylvester(n: int) -> torch.Tensor:
     h = torch.ones(1, 1)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
@@ -129,12 +135,25 @@ class IntChunk:
         return x.reshape(b, h, t, d) if self.axis == "token" else x.reshape(b, h, d, t).transpose(-1, -2)
 
 
+def head_scales(scales: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """Static per-head scales as a ``[1, H, 1, 1]`` float32 tensor, broadcast over batch, positions and channels."""
+    return torch.tensor(scales, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+
+
+def encode_head_scaled(x: torch.Tensor, scales: tuple[float, ...]) -> torch.Tensor:
+    """``x [B, H, t, D]`` as float8 e4m3 codes under one static scale per head, as vLLM stores an fp8 cache with
+    calibrated scales: ``x / scale`` saturated to ±448 (a value past the calibrated maximum clamps, never inf)."""
+    return (x.float() / head_scales(scales, x.device)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
 @dataclass
 class CastChunk:
-    """``[B, H, t, D]`` states cast to a smaller float dtype (fp8 with one scale per position and head)."""
+    """``[B, H, t, D]`` states cast to a smaller float dtype (fp8 with one scale per position and head, or with
+    static per-head scales ``head_scale`` that the format holds, not the chunk)."""
 
     data: torch.Tensor
     scale: torch.Tensor | None
+    head_scale: tuple[float, ...] | None = None
 
     @property
     def tokens(self) -> int:
@@ -146,16 +165,18 @@ class CastChunk:
         return self.data.numel() * self.data.element_size() + extra
 
     def merged(self, other: "Chunk") -> "CastChunk | None":
-        if not isinstance(other, CastChunk):
+        if not isinstance(other, CastChunk) or other.head_scale != self.head_scale:
             return None
         scale = None if self.scale is None else torch.cat([self.scale, other.scale], dim=2)
-        return CastChunk(torch.cat([self.data, other.data], dim=2), scale)
+        return CastChunk(torch.cat([self.data, other.data], dim=2), scale, self.head_scale)
 
     def drop_first(self, n: int) -> "CastChunk":
         scale = None if self.scale is None else self.scale[:, :, n:].contiguous()
-        return CastChunk(self.data[:, :, n:].contiguous(), scale)
+        return CastChunk(self.data[:, :, n:].contiguous(), scale, self.head_scale)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.head_scale is not None:
+            return (self.data.float() * head_scales(self.head_scale, self.data.device)).to(dtype)
         x = self.data.to(dtype)
         return x if self.scale is None else x * self.scale.to(dtype)
 
@@ -237,6 +258,7 @@ class Codec:
     dtype: torch.dtype | None = None
     element: str | None = None  # nvfp4 | mxfp4 | mxfp8: one row per position and head in that form
     rotate: bool = False  # a Walsh-Hadamard rotation of each head (blocks of 64) before storing, undone on read
+    head_scale: tuple[float, ...] | None = None  # fp8: one calibrated scale per KV head, none stored per position
 
     @property
     def block(self) -> int:
@@ -250,6 +272,8 @@ class Codec:
         if self.element is not None:
             return ElementChunk(encode_element(x.reshape(b * h * t, d), self.element), (b, h, t, d))
         if self.bits is None:
+            if self.dtype == torch.float8_e4m3fn and self.head_scale is not None:
+                return CastChunk(encode_head_scaled(x, self.head_scale), None, self.head_scale)
             if self.dtype == torch.float8_e4m3fn:
                 # at least float16's smallest normal: a zero (a padding token's keys) or tiny row stays finite
                 scale = (x.abs().amax(-1, keepdim=True).float() / 448.0).clamp(min=FP16_TINY).to(torch.float16)
@@ -271,7 +295,8 @@ class Codec:
             return element_nbytes(b * h * t, d, self.element)
         if self.bits is None:
             size = self.dtype.itemsize
-            return b * h * t * d * size + (b * h * t * 2 if self.dtype == torch.float8_e4m3fn else 0)
+            per_position = self.dtype == torch.float8_e4m3fn and self.head_scale is None
+            return b * h * t * d * size + (b * h * t * 2 if per_position else 0)
         if self.axis == "channel":  # stored one block of group_size positions at a time
             return (t // self.block) * QuantizedTensor.analytic_nbytes((b * h * d, self.block), self.bits, None, False, 2)
         group = None if self.group_size >= d else self.group_size

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 if TYPE_CHECKING:  # the cache layers subclass transformers' and load on first use
     from transformers import Cache, PretrainedConfig
@@ -43,23 +43,29 @@ class PackedKVFormat(KVFormat):
         return self.rotation_problem(config)
 
     def codecs(self) -> tuple[Codec, Codec, int]:
+        """``(keys, values, residual_tokens)``: how every layer stores its positions (bytes follow from these)."""
         raise NotImplementedError
+
+    def layer_codecs(self, layer: int) -> tuple[Codec, Codec, int]:
+        """``codecs()`` of one decoder layer (a format with calibrated per-layer scales gives each its own)."""
+        return self.codecs()
 
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         """Dynamic layers (``packed.py``), or with ``max_cache_len`` static ones (``static.py``)."""
         from transformers import Cache
 
-        key, value, residual = self.codecs()
+        windows = layer_windows(config)
+        codecs = [self.layer_codecs(i) for i in range(len(windows))]
         if max_cache_len is not None:
             from .static import StaticPackedLayer, StaticPackedSlidingLayer
 
-            return Cache(layers=[StaticPackedLayer(max_cache_len, key, value, residual) if window is None
-                                 else StaticPackedSlidingLayer(max_cache_len, window, key, value, residual)
-                                 for window in layer_windows(config)])
+            return Cache(layers=[StaticPackedLayer(max_cache_len, *c) if window is None
+                                 else StaticPackedSlidingLayer(max_cache_len, window, *c)
+                                 for window, c in zip(windows, codecs)])
         from .packed import PackedKVLayer, PackedSlidingKVLayer
 
-        return Cache(layers=[PackedKVLayer(key, value, residual) if window is None
-                             else PackedSlidingKVLayer(window, key, value, residual) for window in layer_windows(config)])
+        return Cache(layers=[PackedKVLayer(*c) if window is None else PackedSlidingKVLayer(window, *c)
+                             for window, c in zip(windows, codecs)])
 
     def cache_bytes(self, cache: Cache) -> int:
         return sum(layer.nbytes for layer in cache.layers)
@@ -108,10 +114,18 @@ class PackedKVFormat(KVFormat):
         return key.nbytes(b, h, stored, d) + value.nbytes(b, h, stored, d) + 2 * b * h * ring * d * itemsize
 
 
-@KV_FORMATS.register("cast", "keys and values cast to a float dtype (field: dtype; fp8 with a scale per position)")
+@KV_FORMATS.register("cast", "keys and values cast to a float dtype (fields: dtype; for fp8, scales: a scale per "
+                     "position, or static per-head or per-layer scales calibrated on the recipe's calibration text)")
 class KVCast(PackedKVFormat):
     example_fields: ClassVar[dict[str, Any] | None] = {"dtype": "float8_e4m3fn"}
     dtype: Literal["float32", "bfloat16", "float16", "float8_e4m3fn"]
+    scales: Literal["position", "head", "layer"] = Field(
+        "position", description="fp8 only. position: a float16 scale per position and head, taken as each arrives; "
+        "head: one static scale per layer and KV head (vLLM's per-head k/v scales, llm-compressor's attn_head "
+        "strategy), layer: one per layer (vLLM's k_scale/v_scale), both max|x| / 448 over the calibration text, "
+        "values past it saturating")
+    _calibrated: tuple[tuple[tuple[float, ...], tuple[float, ...]], ...] | None = PrivateAttr(None)
+    _calibration: str | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _supported(self) -> "KVCast":
@@ -119,17 +133,66 @@ class KVCast(PackedKVFormat):
             raise ValueError(f"this torch has no {self.dtype}")
         if self.rotate != "none" and self.dtype != "float8_e4m3fn":
             raise ValueError(f"rotate is for quantized caches; {self.dtype} keeps keys and values as they are")
+        if self.scales != "position" and self.dtype != "float8_e4m3fn":
+            raise ValueError(f"scales is for fp8; {self.dtype} stores keys and values without a scale")
         return self
 
     @property
     def label(self) -> str:
-        return SHORT[self.dtype] + self.rotation_label
+        static = "" if self.scales == "position" else f"-{self.scales}"
+        return SHORT[self.dtype] + static + self.rotation_label
+
+    @property
+    def calibrates(self) -> bool:
+        return self.scales != "position"
+
+    def calibrated(self, model: torch.nn.Module, samples: list[torch.Tensor], source: str = "") -> "KVCast":
+        """Static scales ``max|x| / 448`` per layer and KV head (``scales: head``) or per layer (``layer``), over
+        every position ``samples`` put in the cache (rotated first under ``rotate``)."""
+        if not self.calibrates:
+            return self
+        from .calibrate import kv_absmax
+        from .packed import E4M3_MAX, FP16_TINY, hadamard_rotate
+
+        maxima = kv_absmax(model, samples, hadamard_rotate if self.rotate == "hadamard" else None)
+
+        def scales(m: torch.Tensor) -> tuple[float, ...]:
+            m = m if self.scales == "head" else m.amax().expand_as(m)
+            return tuple(float(x) for x in (m / E4M3_MAX).clamp(min=FP16_TINY))
+
+        out = self.model_copy()
+        out._calibrated = tuple((scales(k), scales(v)) for k, v in maxima)
+        tokens = sum(int(s.numel()) for s in samples)
+        out._calibration = (f"static fp8 scales per {'KV head' if self.scales == 'head' else 'layer'}: max|x| / 448 "
+                            f"of the keys (after the rotary embedding) and values over {len(samples)} calibration "
+                            f"windows, {tokens:,} tokens{f' of {source}' if source else ''}, on the variant's own "
+                            "weights; values past them saturate at ±448")
+        return out
+
+    def calibration(self) -> str | None:
+        return self._calibration
 
     def codecs(self) -> tuple[Codec, Codec, int]:
         from .packed import Codec
 
-        codec = Codec(dtype=CAST_DTYPES[self.dtype], rotate=self.rotate == "hadamard")
+        static = () if self.calibrates else None  # static scales: none stored per position (their values: layer_codecs)
+        codec = Codec(dtype=CAST_DTYPES[self.dtype], rotate=self.rotate == "hadamard", head_scale=static)
         return codec, codec, 0
+
+    def layer_codecs(self, layer: int) -> tuple[Codec, Codec, int]:
+        if not self.calibrates:
+            return self.codecs()
+        if self._calibrated is None:
+            from ..errors import UnsupportedError
+
+            raise UnsupportedError(f"KV format {self.label} keeps static scales: calibrate it first "
+                                   "(format.calibrated(model, samples); a run does so on its calibration text)")
+        from .packed import Codec
+
+        key, value = self._calibrated[layer]
+        rotate = self.rotate == "hadamard"
+        return (Codec(dtype=CAST_DTYPES[self.dtype], rotate=rotate, head_scale=key),
+                Codec(dtype=CAST_DTYPES[self.dtype], rotate=rotate, head_scale=value), 0)
 
 
 @KV_FORMATS.register("int", "keys and values as packed integers; fields: bits, key_axis, group_size, residual_tokens")

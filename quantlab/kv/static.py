@@ -27,7 +27,7 @@ from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor
 from .code_attention import reads_codes
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
-from .packed import ELEMENTS, Codec, encode_element, hadamard_rotate
+from .packed import ELEMENTS, Codec, encode_element, hadamard_rotate, head_scales
 
 
 def global_capacity(length: int, residual: int, block: int) -> tuple[int, int]:
@@ -67,7 +67,7 @@ class CodeStore:
             fp8 = codec.dtype == torch.float8_e4m3fn  # held as its bytes: CPU index_copy_ has no float8
             self.tensors = {"data": torch.zeros(b, h, slots, d, dtype=torch.uint8 if fp8 else codec.dtype,
                                                 device=device)}
-            if fp8:
+            if fp8 and codec.head_scale is None:  # static per-head scales are the codec's, not stored
                 self.tensors["scale"] = torch.ones(b, h, slots, 1, dtype=torch.float16, device=device)
         else:
             rows = self._encode(torch.zeros(b, h, codec.block, d, device=device))
@@ -99,7 +99,7 @@ class CodeStore:
         if codec.bits is None:
             chunk = dataclasses.replace(codec, rotate=False).encode(x)
             if chunk.scale is None:
-                return {"data": chunk.data}
+                return {"data": chunk.data.view(torch.uint8) if codec.dtype == torch.float8_e4m3fn else chunk.data}
             return {"data": chunk.data.view(torch.uint8), "scale": chunk.scale}
         b, h, n, d = x.shape
         if codec.axis == "token":
@@ -130,6 +130,8 @@ class CodeStore:
                              element)
             return q.dequantize(torch.float32).reshape(b, h, n, d).to(dtype)
         if codec.bits is None:
+            if codec.head_scale is not None:
+                return (t["data"].view(codec.dtype).float() * head_scales(codec.head_scale, t["data"].device)).to(dtype)
             if "scale" not in t:
                 return t["data"].to(dtype)
             return t["data"].view(codec.dtype).to(dtype) * t["scale"].to(dtype)

@@ -2,6 +2,7 @@
 served by its engine, one generation per decode point; what the measurements read through ``MeasureContext``."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -133,6 +134,7 @@ class VariantContext:
             self.quantize_s = round(time.perf_counter() - start, 3)
             self.weights_source = {"reused": _relative(path, self.run_folder), "quantize_s": saved["quantize_s"],
                                    "by_variant": saved["variant"]}
+            self.calibrate_kv()
             return
         with stage(f"loading the model ({self.recipe.model.label})"):
             self.loaded = load_model(self.recipe.model, self.device, self.recipe.seed)
@@ -145,6 +147,18 @@ class VariantContext:
         if path is not None and save_shared_weights(path, self.loaded.model, self.quantize_report, self.quantize_s,
                                                     self.variant.label):
             self.weights_source["saved"] = _relative(path, self.run_folder)
+        self.calibrate_kv()
+
+    def calibrate_kv(self) -> None:
+        """Give a KV format that keeps static scales its figures, from this variant's own model run on the
+        recipe's calibration text (the variant's KV format is replaced by the calibrated one)."""
+        kv = self.variant.kv
+        if not kv.calibrates:
+            return
+        with stage(f"calibrating the {kv.label} KV cache"):
+            samples = calibration_for(self.recipe, self.loaded).samples
+            calibrated = kv.calibrated(self.model, samples, self.recipe.calibration.text)
+        self.variant = dataclasses.replace(self.variant, kv=calibrated)
 
     def generation(self, batch_size: int, prompt_tokens: int) -> DecodeResult:
         """The timed generation at one (batch, prompt) point, run once and shared by the point measurements."""
