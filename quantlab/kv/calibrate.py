@@ -8,19 +8,22 @@ from typing import Callable
 import torch
 
 
-def kv_absmax(model: torch.nn.Module, samples: list[torch.Tensor],
-              transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def kv_absmax(model: torch.nn.Module, samples: list[torch.Tensor], key_transform: Transform | None = None,
+              value_transform: Transform | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per decoder layer, ``(keys, values)`` maxima of ``|x|`` per KV head (float32 ``[H]``) over every position
-    of ``samples`` (token ids ``[1, seq]``), each state passed through ``transform`` first (a rotation applied
-    before storing). Sliding-window layers see every position too: the cache's window is taken after the update."""
+    of ``samples`` (token ids ``[1, seq]``), keys and values passed through their transforms first (a rotation
+    applied before storing). Sliding-window layers see every position too: the cache's window is taken after the update."""
     from transformers import DynamicCache
 
     maxima: dict[int, list[torch.Tensor]] = {}
 
     def recorder(index: int, update: Callable) -> Callable:
         def record(keys: torch.Tensor, values: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
-            seen = [(transform(x) if transform is not None else x).detach().float().abs().amax(dim=(0, 2, 3))
-                    for x in (keys, values)]
+            seen = [(f(x) if f is not None else x).detach().float().abs().amax(dim=(0, 2, 3))
+                    for x, f in ((keys, key_transform), (values, value_transform))]
             maxima[index] = seen if index not in maxima else [torch.maximum(a, b) for a, b in zip(maxima[index], seen)]
             return update(keys, values, *args, **kwargs)
         return record

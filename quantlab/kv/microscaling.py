@@ -42,8 +42,8 @@ class KVMicroscaling(PackedKVFormat):
     def codecs(self) -> tuple[Codec, Codec, int]:
         from .packed import Codec
 
-        codec = Codec(element=self.element, rotate=self.rotate == "hadamard")
-        return codec, codec, self.residual_tokens
+        key, value = self.rotations()
+        return Codec(element=self.element, **key), Codec(element=self.element, **value), self.residual_tokens
 
 
 for _element, _what in (("nvfp4", "e2m1 in blocks of 16 with e4m3 scales"),

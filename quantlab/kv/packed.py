@@ -45,12 +45,14 @@ def _sylvester(n: int) -> torch.Tensor:
     return h / math.sqrt(n)
 
 
-def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
-    """``x [..., d]`` (``d`` a multiple of 64) times the block-diagonal Walsh-Hadamard matrix, in float32; applied
-    twice it gives ``x`` back."""
+def hadamard_rotate(x: torch.Tensor, block: int | None = ROTATION_BLOCK) -> torch.Tensor:
+    """``x [..., d]`` (``d`` a multiple of 64) times the block-diagonal Walsh-Hadamard matrix of blocks of
+    ``block`` (None: the largest power of two dividing ``d``, as llama.cpp rotates keys; it rotates values in
+    blocks of 64), in float32; applied twice it gives ``x`` back."""
     d = x.shape[-1]
-    h = _hadamard(ROTATION_BLOCK).to(x.device)
-    return (x.float().reshape(*x.shape[:-1], d // ROTATION_BLOCK, ROTATION_BLOCK) @ h).reshape(x.shape)
+    block = block or d & -d
+    h = _hadamard(block).to(x.device)
+    return (x.float().reshape(*x.shape[:-1], d // block, block) @ h).reshape(x.shape)
 
 
 def encode_element(x: torch.Tensor, element: str) -> MXTensor | NVFP4Tensor:
@@ -227,6 +229,7 @@ class RotatedChunk:
     """A chunk stored from Hadamard-rotated states: read back, rotated again (the rotation is its own inverse)."""
 
     inner: Chunk
+    block: int | None = ROTATION_BLOCK  # the rotation's block (``hadamard_rotate``)
 
     @property
     def tokens(self) -> int:
@@ -237,15 +240,15 @@ class RotatedChunk:
         return self.inner.nbytes
 
     def merged(self, other: "Chunk") -> "RotatedChunk | None":
-        joined = self.inner.merged(other.inner) if isinstance(other, RotatedChunk) else None
-        return None if joined is None else RotatedChunk(joined)
+        joined = self.inner.merged(other.inner) if isinstance(other, RotatedChunk) and other.block == self.block else None
+        return None if joined is None else RotatedChunk(joined, self.block)
 
     def drop_first(self, n: int) -> "RotatedChunk | None":
         kept = self.inner.drop_first(n)
-        return None if kept is None else RotatedChunk(kept)
+        return None if kept is None else RotatedChunk(kept, self.block)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        return hadamard_rotate(self.inner.dequantize(torch.float32)).to(dtype)
+        return hadamard_rotate(self.inner.dequantize(torch.float32), self.block).to(dtype)
 
 
 @dataclass(frozen=True)
@@ -257,8 +260,13 @@ class Codec:
     group_size: int = 64
     dtype: torch.dtype | None = None
     element: str | None = None  # nvfp4 | mxfp4 | mxfp8: one row per position and head in that form
-    rotate: bool = False  # a Walsh-Hadamard rotation of each head (blocks of 64) before storing, undone on read
+    rotate: bool = False  # a Walsh-Hadamard rotation of each head before storing, undone on read
+    rotate_block: int | None = ROTATION_BLOCK  # its blocks; None: the largest power of two dividing the head (keys)
     head_scale: tuple[float, ...] | None = None  # fp8: one calibrated scale per KV head, none stored per position
+
+    def rotation(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as it is rotated before being stored (itself when the codec does not rotate)."""
+        return hadamard_rotate(x, self.rotate_block) if self.rotate else x
 
     @property
     def block(self) -> int:
@@ -267,7 +275,8 @@ class Codec:
 
     def encode(self, x: torch.Tensor) -> Chunk:
         if self.rotate:
-            return RotatedChunk(dataclasses.replace(self, rotate=False).encode(hadamard_rotate(x)))
+            inner = dataclasses.replace(self, rotate=False).encode(hadamard_rotate(x, self.rotate_block))
+            return RotatedChunk(inner, self.rotate_block)
         b, h, t, d = x.shape
         if self.element is not None:
             return ElementChunk(encode_element(x.reshape(b * h * t, d), self.element), (b, h, t, d))

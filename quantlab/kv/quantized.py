@@ -23,12 +23,20 @@ class PackedKVFormat(KVFormat):
 
     dequantizes_on_read: ClassVar[bool] = True
     rotate: Literal["none", "hadamard"] = Field("none", description="hadamard: each head's keys and values times a "
-                                                "Walsh-Hadamard matrix (blocks of 64) before they are stored, undone "
-                                                "when read, as llama.cpp rotates quantized caches")
+                                                "Walsh-Hadamard matrix before they are stored, undone when read, as "
+                                                "llama.cpp rotates quantized caches (keys in blocks of the largest "
+                                                "power of two dividing the head size, values in blocks of 64)")
 
     @property
     def rotation_label(self) -> str:
         return "-rot" if self.rotate == "hadamard" else ""
+
+    def rotations(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The key and value codecs' rotation fields, as llama.cpp rotates: keys in blocks of the largest power of
+        two dividing the head size (``rotate_block=None``), values in blocks of 64."""
+        if self.rotate != "hadamard":
+            return {}, {}
+        return {"rotate": True, "rotate_block": None}, {"rotate": True}
 
     def rotation_problem(self, config: PretrainedConfig) -> str | None:
         """Why ``rotate`` cannot apply to this model's heads, or None."""
@@ -152,9 +160,10 @@ class KVCast(PackedKVFormat):
         if not self.calibrates:
             return self
         from .calibrate import kv_absmax
-        from .packed import E4M3_MAX, FP16_TINY, hadamard_rotate
+        from .packed import E4M3_MAX, FP16_TINY
 
-        maxima = kv_absmax(model, samples, hadamard_rotate if self.rotate == "hadamard" else None)
+        key, value = self.codecs()[:2]
+        maxima = kv_absmax(model, samples, key.rotation, value.rotation)
 
         def scales(m: torch.Tensor) -> tuple[float, ...]:
             m = m if self.scales == "head" else m.amax().expand_as(m)
@@ -176,8 +185,9 @@ class KVCast(PackedKVFormat):
         from .packed import Codec
 
         static = () if self.calibrates else None  # static scales: none stored per position (their values: layer_codecs)
-        codec = Codec(dtype=CAST_DTYPES[self.dtype], rotate=self.rotate == "hadamard", head_scale=static)
-        return codec, codec, 0
+        key, value = self.rotations()
+        return (Codec(dtype=CAST_DTYPES[self.dtype], head_scale=static, **key),
+                Codec(dtype=CAST_DTYPES[self.dtype], head_scale=static, **value), 0)
 
     def layer_codecs(self, layer: int) -> tuple[Codec, Codec, int]:
         if not self.calibrates:
@@ -190,9 +200,9 @@ class KVCast(PackedKVFormat):
         from .packed import Codec
 
         key, value = self._calibrated[layer]
-        rotate = self.rotate == "hadamard"
-        return (Codec(dtype=CAST_DTYPES[self.dtype], rotate=rotate, head_scale=key),
-                Codec(dtype=CAST_DTYPES[self.dtype], rotate=rotate, head_scale=value), 0)
+        key_rotation, value_rotation = self.rotations()
+        return (Codec(dtype=CAST_DTYPES[self.dtype], head_scale=key, **key_rotation),
+                Codec(dtype=CAST_DTYPES[self.dtype], head_scale=value, **value_rotation), 0)
 
 
 @KV_FORMATS.register("int", "keys and values as packed integers; fields: bits, key_axis, group_size, residual_tokens")
@@ -223,9 +233,9 @@ class KVInt(PackedKVFormat):
     def codecs(self) -> tuple[Codec, Codec, int]:
         from .packed import Codec
 
-        rotate = self.rotate == "hadamard"
-        key = Codec(bits=self.bits, axis=self.key_axis, group_size=self.group_size, rotate=rotate)
-        value = Codec(bits=self.bits, axis="token", group_size=self.group_size, rotate=rotate)
+        key_rotation, value_rotation = self.rotations()
+        key = Codec(bits=self.bits, axis=self.key_axis, group_size=self.group_size, **key_rotation)
+        value = Codec(bits=self.bits, axis="token", group_size=self.group_size, **value_rotation)
         return key, value, self.residual_tokens
 
 

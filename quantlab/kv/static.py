@@ -90,7 +90,7 @@ class CodeStore:
         (channel axis: ``[n / block, b·h·d, ·]``)."""
         codec = self.codec
         if codec.rotate:
-            x = hadamard_rotate(x)
+            x = hadamard_rotate(x, codec.rotate_block)
         if codec.element is not None:
             b, h, n, d = x.shape
             q = encode_element(x.reshape(b * h * n, d), codec.element)
@@ -113,7 +113,7 @@ class CodeStore:
     def _decode(self, t: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         if not self.codec.rotate:
             return self._decode_stored(t, dtype)
-        return hadamard_rotate(self._decode_stored(t, torch.float32)).to(dtype)
+        return hadamard_rotate(self._decode_stored(t, torch.float32), self.codec.rotate_block).to(dtype)
 
     def _decode_stored(self, t: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         codec = self.codec

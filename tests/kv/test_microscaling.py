@@ -23,6 +23,32 @@ def test_the_rotation_is_orthonormal_and_its_own_inverse() -> None:
     assert not torch.allclose(y, x)
 
 
+def _ggml_gen_hadamard(n: int) -> torch.Tensor:
+    """llama.cpp's rotation matrix (src/llama-kv-cache.cpp, ggml_gen_hadamard, llama-cpp-python 0.3.36), transcribed."""
+    data = torch.zeros(n, n)
+    data[0, 0] = 1.0 / n ** 0.5
+    s = 1
+    while s < n:
+        block = data[:s, :s].clone()
+        data[s:2 * s, :s], data[:s, s:2 * s], data[s:2 * s, s:2 * s] = block, block, -block
+        s *= 2
+    return data
+
+
+@pytest.mark.parametrize("head_dim,key_block", [(64, 64), (128, 128), (192, 64), (256, 256)])
+def test_keys_rotate_in_the_largest_power_of_two_block_and_values_in_blocks_of_64_as_llama_cpp(head_dim: int,
+                                                                                          key_block: int) -> None:
+    # llama_kv_cache::build_input_k_rot doubles nrot from 64 while it divides the head; build_input_v_rot keeps 64
+    key, value, _ = KV_FORMATS["int4"].build(group_size=32, rotate="hadamard").codecs()
+    x = torch.randn(1, 2, 3, head_dim)
+
+    def blockwise(n: int) -> torch.Tensor:
+        return (x.reshape(1, 2, 3, head_dim // n, n) @ _ggml_gen_hadamard(n)).reshape(x.shape)
+
+    assert torch.allclose(key.rotation(x), blockwise(key_block), atol=1e-6)
+    assert torch.allclose(value.rotation(x), blockwise(64), atol=1e-6)
+
+
 @pytest.mark.parametrize("element", ["nvfp4", "mxfp4", "mxfp8"])
 def test_a_stored_row_is_the_weight_forms_rounding_of_that_head(element: str) -> None:
     x = torch.randn(1, 2, 3, 64)
