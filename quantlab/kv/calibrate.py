@@ -7,7 +7,6 @@ from typing import Callable
 
 import torch
 
-
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
 
