@@ -22,13 +22,16 @@ import torch
 
 from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor, quantize_mx, quantize_nvfp4
+from .ggml import GGML_ELEMENTS, GGMLRows, quantize_rows, rows_nbytes
 from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]
 FP16_TINY = torch.finfo(torch.float16).tiny
 E4M3_MAX = 448.0
 ROTATION_BLOCK = 64  # llama.cpp rotates heads whose size is a multiple of 64, in blocks of 64
-ELEMENTS = {"nvfp4": ("e2m1", 16), "mxfp4": ("e2m1", 32), "mxfp8": ("e4m3", 32)}  # element, block of a head
+# a head's element form: (kind, block); the ggml ones are llama.cpp's cache types (``ggml.py``)
+ELEMENTS = {"nvfp4": ("e2m1", 16), "mxfp4": ("e2m1", 32), "mxfp8": ("e4m3", 32), "q8_0": ("q8_0", 32),
+            "q4_0": ("q4_0", 32)}
 
 
 @functools.cache
@@ -55,9 +58,12 @@ def hadamard_rotate(x: torch.Tensor, block: int | None = ROTATION_BLOCK) -> torc
     return (x.float().reshape(*x.shape[:-1], d // block, block) @ h).reshape(x.shape)
 
 
-def encode_element(x: torch.Tensor, element: str) -> MXTensor | NVFP4Tensor:
-    """``x [rows, d]`` in a microscaling form per row: NVFP4 with its global scale fixed at 1 (single-level, the
-    e4m3 block scales alone: a cache has no tensor-wide maximum to take one from as positions arrive), or MX."""
+def encode_element(x: torch.Tensor, element: str) -> MXTensor | NVFP4Tensor | GGMLRows:
+    """``x [rows, d]`` in an element form per row: NVFP4 with its global scale fixed at 1 (single-level, the
+    e4m3 block scales alone: a cache has no tensor-wide maximum to take one from as positions arrive), MX, or
+    ggml's q8_0 / q4_0 blocks."""
+    if element in GGML_ELEMENTS:
+        return quantize_rows(x, element)
     if element == "nvfp4":
         return quantize_nvfp4(x.float(), global_scale=torch.ones(1, device=x.device))
     return quantize_mx(x.float(), ELEMENTS[element][0])
@@ -66,6 +72,8 @@ def encode_element(x: torch.Tensor, element: str) -> MXTensor | NVFP4Tensor:
 def element_nbytes(rows: int, d: int, element: str) -> int:
     """Bytes of ``rows`` heads of ``d`` stored in ``element`` (codes and block scales; NVFP4's fixed global scale
     is not stored)."""
+    if element in GGML_ELEMENTS:
+        return rows_nbytes(rows, d, element)
     kind, block = ELEMENTS[element]
     return rows * (d * (4 if kind == "e2m1" else 8) // 8 + d // block)
 
@@ -185,9 +193,9 @@ class CastChunk:
 
 @dataclass
 class ElementChunk:
-    """``[B, H, t, D]`` states in a microscaling form, one row per position and head."""
+    """``[B, H, t, D]`` states in an element form (microscaling, ggml blocks), one row per position and head."""
 
-    q: MXTensor | NVFP4Tensor
+    q: MXTensor | NVFP4Tensor | GGMLRows
     shape: tuple[int, int, int, int]
 
     @property

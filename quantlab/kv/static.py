@@ -26,6 +26,7 @@ from ..errors import UnsupportedError
 from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor
 from .code_attention import reads_codes
+from .ggml import GGML_ELEMENTS, rows_from_bytes
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
 from .packed import ELEMENTS, Codec, encode_element, hadamard_rotate, head_scales
 
@@ -121,7 +122,9 @@ class CodeStore:
             b, h, d = self.shape
             n = t["codes"].shape[2]
             codes, scales = t["codes"].reshape(b * h * n, -1), t["scales"].reshape(b * h * n, -1)
-            if codec.element == "nvfp4":
+            if codec.element in GGML_ELEMENTS:
+                q = rows_from_bytes(codes, scales, (b * h * n, d), codec.element)
+            elif codec.element == "nvfp4":
                 q = NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), torch.ones(1, device=codes.device),
                                 (b * h * n, d))
             else:

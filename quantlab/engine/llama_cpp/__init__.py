@@ -22,14 +22,19 @@ class LlamaCppEngine(Engine):
         return None if importlib.util.find_spec("llama_cpp") is not None else INSTALL
 
     def cache_type(self, kv: Any) -> str | None:
-        """llama.cpp's K/V cache type holding ``kv``'s values: the model's own (f16, llama.cpp's default) or a float
-        cast; quantlab's packed integer caches have no llama.cpp twin (its q8_0/q4_0 are rotated blocks)."""
+        """llama.cpp's K/V cache type holding ``kv``'s values: the model's own (f16, llama.cpp's default), a float
+        cast, or llama.cpp's own block types (the ``ggml`` KV formats q8_0 / q4_0, rotated or not as the format
+        says); quantlab's other packed caches have no llama.cpp twin."""
         from ...kv import KV_FORMATS
 
         name = KV_FORMATS.canonical_name(kv)
         if name == "native":
             return "f16"
-        return FLOAT_CACHES.get(getattr(kv, "dtype", "")) if name == "cast" else None
+        if name == "ggml":
+            return kv.type
+        if name == "cast" and getattr(kv, "scales", "position") == "position":
+            return FLOAT_CACHES.get(getattr(kv, "dtype", ""))
+        return None
 
     def refuse(self, recipe: Any) -> tuple[str, str] | None:
         w = recipe.workload
@@ -39,7 +44,7 @@ class LlamaCppEngine(Engine):
         for i, kv in enumerate(recipe.kv_cache):
             if self.cache_type(kv) is None:
                 return f"kv_cache[{i}]", (f"engine {NAME} has no cache type for {kv.label}; allowed: native, fp16, "
-                                          "bf16, fp32 (or measure it in a recipe of its own)")
+                                          "bf16, fp32, q8_0, q4_0 (or measure it in a recipe of its own)")
         if recipe.baseline_variant.engine == NAME:
             return "baseline", ("the variants are compared with a baseline quantlab measures; list another engine "
                                 "first in workload.engine, or name such a variant")
@@ -48,7 +53,8 @@ class LlamaCppEngine(Engine):
     def serve(self, ctx: Any) -> Served:
         from .engine import serve
 
-        return serve(ctx, self.cache_type(ctx.variant.kv))
+        kv = ctx.variant.kv
+        return serve(ctx, self.cache_type(kv), getattr(kv, "rotate", "none") == "hadamard")
 
     def note(self, rows: list[dict[str, Any]], figure: Figure) -> str:
         from .engine import note

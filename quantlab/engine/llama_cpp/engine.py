@@ -32,19 +32,17 @@ from . import NAME
 from .process import FLOAT_CACHE_TYPES, LlamaCppProcess, gguf_weight_components, kv_cache_bytes, uses_flash_attention
 
 
-def attention_rotation(cache_type: str) -> str:
+def attention_rotation(cache_type: str, rotate: bool = True) -> str:
     """What llama.cpp does to keys and values before it stores them in ``cache_type``, as its rows record it."""
-    import os
-
     if cache_type in FLOAT_CACHE_TYPES:
         return "none (a float cache; llama.cpp rotates only quantized K/V caches)"
-    if os.environ.get("LLAMA_ATTN_ROT_DISABLE"):
-        return "none (LLAMA_ATTN_ROT_DISABLE is set)"
+    if not rotate:
+        return "none (LLAMA_ATTN_ROT_DISABLE=1 in its process: the KV format is not rotated)"
     return ("Walsh-Hadamard on keys and values of heads whose size is a multiple of 64 (llama.cpp's default for "
-            "quantized caches; LLAMA_ATTN_ROT_DISABLE=1 turns it off)")
+            "quantized caches; keys in blocks of the largest power of two dividing the head, values of 64)")
 
 
-def serve(ctx: Any, cache_type: str | None) -> "LlamaCppVariant":
+def serve(ctx: Any, cache_type: str | None, rotate: bool = True) -> "LlamaCppVariant":
     """Export the variant's measured model to GGUF (the run folder's ``exports/<label>/gguf``, else a temporary
     folder) and load the file in llama.cpp, with the KV format's cache type and room for the longest point."""
     from ...files import export_folder
@@ -63,7 +61,7 @@ def serve(ctx: Any, cache_type: str | None) -> "LlamaCppVariant":
     w = ctx.recipe.workload
     n_ctx = max(p for _, p in w.points()) + w.new_tokens
     with stage("starting llama.cpp on the exported file"):
-        return LlamaCppVariant(folder / GGUF_FILE, cache_type, torch.get_num_threads(), n_ctx)
+        return LlamaCppVariant(folder / GGUF_FILE, cache_type, torch.get_num_threads(), n_ctx, rotate)
 
 
 def note(rows: list[dict[str, Any]], figure: Figure) -> str:
@@ -120,10 +118,10 @@ class LlamaCppLM(nn.Module):
 class LlamaCppVariant:
     """One variant's GGUF file held by llama.cpp for its measurements (``close`` ends the child)."""
 
-    def __init__(self, gguf_path: Path, cache_type: str, threads: int, n_ctx: int) -> None:
+    def __init__(self, gguf_path: Path, cache_type: str, threads: int, n_ctx: int, rotate: bool = True) -> None:
         self.path, self.threads = gguf_path, threads
-        self.cache_type = cache_type
-        self.process = LlamaCppProcess(gguf_path, threads, cache_type=self.cache_type, n_ctx=n_ctx)
+        self.cache_type, self.rotate = cache_type, rotate
+        self.process = LlamaCppProcess(gguf_path, threads, cache_type=self.cache_type, n_ctx=n_ctx, rotate=rotate)
         self.lm = LlamaCppLM(self.process)
 
     kernel_path = "llama.cpp"
@@ -133,7 +131,7 @@ class LlamaCppVariant:
 
         return {"threads": self.threads, "cache_type": self.cache_type,
                 "flash_attention": uses_flash_attention(self.cache_type),
-                "attention_rotation": attention_rotation(self.cache_type),
+                "attention_rotation": attention_rotation(self.cache_type, self.rotate),
                 "llama_cpp_python": llama_cpp.__version__, "gguf_file": self.path.name,
                 "kv_cache_bytes": "llama.cpp's cache type x the positions held (formula)"}
 

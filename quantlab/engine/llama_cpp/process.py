@@ -162,7 +162,12 @@ class LlamaCppProcess:
     f16, or f32 to score the weights alone) and ``n_ctx`` positions for decoding; ``ask(cmd=..., ...)`` sends one
     command."""
 
-    def __init__(self, path: str | Path, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
+    def __init__(self, path: str | Path, threads: int, cache_type: str = "f16", n_ctx: int = 1024,
+                 rotate: bool = True) -> None:
+        """``rotate``: llama.cpp's Walsh-Hadamard rotation of a quantized cache (its default); False sets
+        ``LLAMA_ATTN_ROT_DISABLE=1`` in the child (a float cache is never rotated)."""
+        import os
+
         if not available():
             raise UnsupportedError(INSTALL)
         if cache_type not in CACHE_TYPES:
@@ -170,9 +175,13 @@ class LlamaCppProcess:
         self.path = Path(path)
         self.threads = threads
         self.cache_type = cache_type
+        env = {k: v for k, v in os.environ.items() if k != "LLAMA_ATTN_ROT_DISABLE"}
+        if not rotate:
+            env["LLAMA_ATTN_ROT_DISABLE"] = "1"
+        self.rotate = rotate and cache_type not in FLOAT_CACHE_TYPES
         self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp.process", str(path), str(threads),
                                       cache_type, str(n_ctx)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._read()
 
     def _read(self) -> dict[str, Any]:
