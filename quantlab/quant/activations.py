@@ -10,13 +10,13 @@ with a scale per token (vLLM's dynamic per-token) or per group of 128 features (
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
-Rounding = Callable[[torch.Tensor], torch.Tensor]  # float32 rows [tokens, features] -> the same, rounded
+Rounding = Callable[..., torch.Tensor]  # float32 rows [tokens, features] (, scale rounding) -> the same, rounded
 ROUNDINGS: dict[str, tuple[Rounding, int]] = {}  # name -> (rounding, the feature count it takes blocks of)
 
 
@@ -33,6 +33,9 @@ class ActivationFormat(BaseModel):
     format: str = Field(description="nvfp4 | mxfp4 | mxfp8 (dynamic block scales) | fp8 (e4m3)")
     group_size: int | None = Field(None, gt=0, description="fp8 only: one scale per this many features "
                                    "(128: FP8_BLOCK's); null: one per token")
+    scale_rounding: Literal["floor", "round", "even", "ceil", "rceil"] | None = Field(
+        None, description="mxfp4 / mxfp8 only: how a block's e8m0 scale is taken (the weight formats' field); null: "
+        "floor (OCP MX, torchao); round is compressed-tensors' forward, which a compressed-tensors export needs")
 
     @model_validator(mode="before")
     @classmethod
@@ -50,11 +53,14 @@ class ActivationFormat(BaseModel):
     def _groups(self) -> "ActivationFormat":
         if self.group_size is not None and self.format != "fp8":
             raise ValueError(f"group_size is fp8's; {self.format} has blocks of its own")
+        if self.scale_rounding is not None and not self.format.startswith("mx"):
+            raise ValueError(f"scale_rounding is for mxfp4 and mxfp8; {self.format} has no e8m0 scales")
         return self
 
     @property
     def label(self) -> str:
-        return "a" + self.format + (f"-g{self.group_size}" if self.group_size else "")
+        return ("a" + self.format + (f"-g{self.group_size}" if self.group_size else "")
+                + (f"-{self.scale_rounding}" if self.scale_rounding not in (None, "floor") else ""))
 
     @property
     def block(self) -> int:
@@ -62,7 +68,7 @@ class ActivationFormat(BaseModel):
         return self.group_size if self.format == "fp8" and self.group_size else ROUNDINGS[self.format][1]
 
     def module(self) -> "ActivationRounding":
-        return ActivationRounding(self.format, self.group_size)
+        return ActivationRounding(self.format, self.group_size, self.scale_rounding)
 
 
 def rounding_module(fmt: ActivationFormat | None) -> "ActivationRounding | None":
@@ -70,11 +76,15 @@ def rounding_module(fmt: ActivationFormat | None) -> "ActivationRounding | None"
     return None if fmt is None else fmt.module()
 
 
-def round_activations(x: torch.Tensor, fmt: str, group_size: int | None = None) -> torch.Tensor:
+def round_activations(x: torch.Tensor, fmt: str, group_size: int | None = None,
+                      scale_rounding: str | None = None) -> torch.Tensor:
     """``x [..., features]`` rounded to ``fmt``'s grid with dynamic scales and returned in ``x``'s dtype."""
     shape, dtype = x.shape, x.dtype
     rows = x.reshape(-1, shape[-1]).float()
-    out = fp8_rows(rows, group_size) if fmt == "fp8" else ROUNDINGS[fmt][0](rows)
+    if fmt == "fp8":
+        out = fp8_rows(rows, group_size)
+    else:
+        out = ROUNDINGS[fmt][0](rows, scale_rounding) if scale_rounding else ROUNDINGS[fmt][0](rows)
     return out.reshape(shape).to(dtype)
 
 
@@ -94,12 +104,18 @@ register_rounding("fp8", fp8_rows, 1)
 class ActivationRounding(nn.Module):
     """The input rounding a quantized linear applies before its product (no stored tensors)."""
 
-    def __init__(self, fmt: str, group_size: int | None = None) -> None:
+    def __init__(self, fmt: str, group_size: int | None = None, scale_rounding: str | None = None) -> None:
         super().__init__()
-        self.fmt, self.group_size = fmt, group_size
+        self.fmt, self.group_size, self.scale_rounding = fmt, group_size, scale_rounding
+
+    @property
+    def spec(self) -> ActivationFormat:
+        """The ``activations:`` entry this module rounds by."""
+        return ActivationFormat(format=self.fmt, group_size=self.group_size,
+                                scale_rounding=getattr(self, "scale_rounding", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return round_activations(x, self.fmt, self.group_size)
+        return round_activations(x, self.fmt, self.group_size, getattr(self, "scale_rounding", None))
 
     def extra_repr(self) -> str:
-        return self.fmt + (f", group_size={self.group_size}" if self.group_size else "")
+        return self.spec.label[1:]

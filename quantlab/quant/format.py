@@ -121,13 +121,15 @@ class WeightFormat(BaseModel):
     def exports(self) -> tuple[str, ...]:
         """The export targets a model quantized with this config can be written to: those whose codecs claim every
         form it stores (``quant.codecs``), and for a mix those that give each module its own setting and take
-        every override's format too. A format that rounds its activations exports nowhere (no target's files
-        written here would round them)."""
+        every override's format too. A format that rounds its activations goes only where the target's loaders
+        round the input the same way (``Exporter.activations_refusal``)."""
         from .codecs import EXPORTERS, per_module_targets, targets_holding
 
-        if getattr(self, "activations", None) is not None:
-            return ()
         own = targets_holding(self.stored_specs(), EXPORTERS.names())
+        activations = getattr(self, "activations", None)
+        if activations is not None:
+            own = tuple(t for t in own
+                        if EXPORTERS[t].cls.activations_refusal(activations) is None)
         if not self.overrides:
             return own
         return tuple(t for t in per_module_targets(own) if all(t in o.format.exports for o in self.overrides))
@@ -139,6 +141,12 @@ class WeightFormat(BaseModel):
         is loaded), or None: it can, or only the quantized model can tell."""
         if to in self.exports or self.exports_decided_at_export:
             return None
+        activations = getattr(self, "activations", None)
+        from .codecs import EXPORTERS, targets_holding
+
+        if activations is not None and to in targets_holding(self.stored_specs(), EXPORTERS.names()):
+            why = EXPORTERS[to].cls.activations_refusal(activations)
+            return f"weight format {self.label} cannot be written as {to}: {why}"
         others = ", ".join(self.exports) or "no target"
         return (f"weight format {self.label} cannot be written as {to} (its numbers export to: {others}); formats "
                 f"that export to {to}: {', '.join(formats_exporting_to(to)) or 'none'}")

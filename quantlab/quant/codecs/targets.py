@@ -23,6 +23,7 @@ class LinearWeight:
     stored: WeightTensor
     bias: torch.Tensor | None
     settings: dict[str, Any]
+    activations: Any = None  # the ActivationFormat its input is rounded by, or None (weight-only)
 
 
 @dataclass
@@ -70,9 +71,19 @@ class Exporter:
             raise KeyError(f"no {self.name} codec for {q.form}")
         return found
 
+    @classmethod
+    def activations_refusal(cls, activations: Any) -> str | None:
+        """Why a linear whose input is rounded by ``activations`` (an ``ActivationFormat``) cannot be written here,
+        or None: the target says how its loaders round that input. Targets holding weights alone refuse all."""
+        return f"{cls.name} holds weights alone; its loaders would not round the input to {activations.format}"
+
     def refusal(self, module: LinearWeight) -> str | None:
         """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None: its
-        form's codec for this target, asked of the tensor."""
+        form's codec for this target, asked of the tensor, and the input rounding, asked of the target."""
+        if module.activations is not None:
+            why = self.activations_refusal(module.activations)
+            if why:
+                return why
         q = module.stored
         found = codec_for(self.name, q.form)
         why = f"{q.describe()} weights have no {self.name} form" if found is None else found.refusal(q)

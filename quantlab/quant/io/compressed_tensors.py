@@ -28,6 +28,10 @@ class CompressedTensorsExporter(Exporter):
     name = "compressed-tensors"
     nearest = "format: int4 (group_size 32-128, symmetric or not), int8, fp8 (e4m3), mxfp4, mxfp8 or nvfp4"
 
+    @classmethod
+    def activations_refusal(cls, activations: Any) -> str | None:
+        return input_activations(activations)[1]
+
     def check_available(self) -> None:
         try:
             import compressed_tensors  # noqa: F401
@@ -47,7 +51,8 @@ class CompressedTensorsExporter(Exporter):
         for lw in linears:
             codec = self.codec(lw.stored)
             assert isinstance(codec, CompressedTensorsCodec)
-            found = codec.scheme(lw.stored)
+            found = {**codec.scheme(lw.stored),
+                     "input_activations": None if lw.activations is None else input_activations(lw.activations)[0]}
             groups.setdefault(json.dumps(found, sort_keys=True), {**found, "targets": []})["targets"].append(lw.name)
             tensors.update({f"{lw.name}.{k}": v for k, v in codec.tensors(lw.stored, dtype).items()})
             if lw.bias is not None:
@@ -61,8 +66,9 @@ class CompressedTensorsExporter(Exporter):
         quantized = {lw.name for lw in linears}
         ignore = [name for name, m in model.named_modules() if isinstance(m, linear_types()) and name not in quantized]
         formats = sorted({g["format"] for g in groups.values()})
-        config_groups = {f"group_{i}": {"targets": g["targets"], "weights": g["weights"], "input_activations": None,
-                                        "output_activations": None, "format": g["format"]}
+        config_groups = {f"group_{i}": {"targets": g["targets"], "weights": g["weights"],
+                                        "input_activations": g["input_activations"], "output_activations": None,
+                                        "format": g["format"]}
                          for i, g in enumerate(groups.values())}
         qconfig = {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
@@ -75,3 +81,39 @@ class CompressedTensorsExporter(Exporter):
                                 "quantization_config=CompressedTensorsConfig(dequantize=True) (its compressed path "
                                 "expects unpacked zero points, llm-compressor#1618)")
         return result
+
+
+# activations: format (and fp8 group size) -> compressed-tensors' preset whose input_activations round it the same way
+ACTIVATION_PRESETS = {("mxfp4", None): "MXFP4", ("mxfp8", None): "MXFP8", ("fp8", None): "FP8_DYNAMIC",
+                      ("fp8", 128): "FP8_BLOCK"}
+
+
+def input_activations(activations: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """compressed-tensors' ``input_activations`` for an input rounded by ``activations`` (an ``ActivationFormat``)
+    with dynamic scales (its preset's own arguments: MXFP4 / MXFP8 blocks of 32, FP8 per token (FP8_DYNAMIC) or
+    per group of 128 (FP8_BLOCK), or per group of another size), and None; or None and why it cannot be written.
+    Its loaders round as quantlab does (``tests/quant/io/test_compressed_tensors_activations.py``) for FP8, and for
+    MX where the scales are taken as compressed-tensors' forward takes them (``scale_rounding: round``). NVFP4's
+    input global scale is a static figure compressed-tensors calibrates (``input_global_scale``), which
+    quantlab's rounding takes per call."""
+    fmt, group_size = activations.format, activations.group_size
+    if fmt.startswith("mx") and activations.scale_rounding != "round":
+        return None, (f"compressed-tensors' forward takes {fmt} activation scales by its rounding of the block maximum "
+                      f"(scale_rounding: round); these were measured with {activations.scale_rounding or 'floor'}: "
+                      f"set activations: {{format: {fmt}, scale_rounding: round}}")
+    if fmt == "nvfp4":
+        return None, ("compressed-tensors' NVFP4 input_activations keep a static input_global_scale calibrated on "
+                      "data; quantlab's W4A4 rounding takes the global scale per call, so the folder would not run "
+                      "the measured numbers (export the weights alone: nvfp4 without activations)")
+    preset = ACTIVATION_PRESETS.get((fmt, group_size))
+    if preset is None and fmt != "fp8":
+        return None, f"compressed-tensors has no input_activations for {fmt}"
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+
+    if preset is not None:
+        args = PRESET_SCHEMES[preset]["input_activations"]
+    else:
+        args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="group", group_size=group_size,
+                                dynamic=True)
+    return args.model_dump(mode="json"), None

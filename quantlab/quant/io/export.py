@@ -41,8 +41,10 @@ def quantized_linears(model: nn.Module) -> list[LinearWeight]:
                 stored = module.kernel.stored()
             except UnsupportedError as e:
                 raise UnsupportedError(f"{name}: {e}") from None
+            rounding = module.input_rounding
+            activations = None if rounding is None else rounding.spec
             linears.append(LinearWeight(name, stored, None if module.bias is None else module.bias.data,
-                                        module.settings))
+                                        module.settings, activations))
         elif isinstance(module, BlockEmbedding) and not module.tied:  # a tied one is written as its head
             linears.append(LinearWeight(name, module.stored(), None, {"method": "gguf", "embedding": True}))
     return linears

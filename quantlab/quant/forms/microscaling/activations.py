@@ -7,5 +7,5 @@ from .quantize import quantize_mx, quantize_nvfp4
 from .tensor import MX_BLOCK, NVFP4_BLOCK
 
 register_rounding("nvfp4", lambda rows: quantize_nvfp4(rows).dequantize(), NVFP4_BLOCK)
-register_rounding("mxfp4", lambda rows: quantize_mx(rows, "e2m1").dequantize(), MX_BLOCK)
-register_rounding("mxfp8", lambda rows: quantize_mx(rows, "e4m3").dequantize(), MX_BLOCK)
+register_rounding("mxfp4", lambda rows, rule="floor": quantize_mx(rows, "e2m1", rule).dequantize(), MX_BLOCK)
+register_rounding("mxfp8", lambda rows, rule="floor": quantize_mx(rows, "e4m3", rule).dequantize(), MX_BLOCK)
