@@ -34,7 +34,8 @@ PERMUTES_QK = ("llama",)  # llama.cpp's converter reorders Q and K rows for thes
 NORM_PLUS_ONE = ("gemma3",)  # Gemma's RMSNorm multiplies by 1 + weight; llama.cpp stores 1 + weight
 # the file's general.file_type for its most common tensor type (llama.cpp's llama_ftype; a k-quant alone: its _S)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 11,
-              "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32, "MXFP4": 38}
+              "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32, "MXFP4": 38,
+              "NVFP4": 39}
 
 
 def dense_array(t: torch.Tensor) -> tuple[np.ndarray, str]:

@@ -35,6 +35,7 @@ CASES: dict[tuple[str, str], list[dict[str, Any] | str]] = {
     ("gguf", "float_zero"): [{"format": "int4", "group_size": 32, "zero_point": "float"}],
     ("gguf", "ggml"): [{"format": "gguf", "type": "Q4_K"}, {"format": "gguf", "type": "Q6_K"}],
     ("gguf", "mx"): [{"format": "mxfp4"}],
+    ("gguf", "nvfp4"): [{"format": "nvfp4", "arithmetic": "ggml"}],
     ("gguf", "dense"): [{"format": "fp32"}, {"format": "bf16"}],
     ("gptq", "affine"): [{**INT4_ASYM, "symmetric": True}, INT4_ASYM, {"format": "int8", "group_size": 64}],
     ("gptq", "float_zero"): [WHOLE_ZEROS],

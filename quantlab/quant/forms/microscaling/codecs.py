@@ -8,8 +8,9 @@ reference tests show they are compressed-tensors' own for the same weight with `
 
 GGUF: MXFP4 as ggml's ``MXFP4`` blocks (the e8m0 exponent byte, then 16 bytes holding element j in the low nibble
 and j + 16 in the high one; ggml's values are the e2m1 ones doubled over a halved scale, the same numbers). NVFP4
-is refused (ggml's NVFP4 has blocks of 64 with unsigned e4m3 scales and no global scale, so its scales would be
-rounded again), as is MXFP8 (no ggml type).
+single-level (``arithmetic: ggml``, the global scale 1) as ggml's ``NVFP4`` blocks of 64 (four e4m3 scale bytes, one
+per 16, then per 16 the element j in the low nibble and j + 8 in the high one); two-level NVFP4 is refused (ggml's
+has no global scale, so its scales would be rounded again), as is MXFP8 (no ggml type).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ...codecs.gguf import GGUFCodec
 from ...tensors.base import Spec, WeightTensor
 from .tensor import MX_BLOCK, NVFP4_BLOCK, MXTensor, NVFP4Tensor, unpack_nibbles
 
+GGML_NVFP4_BLOCK = 64  # QK_NVFP4: four sub-blocks of 16, each with its e4m3 scale
 LOADING = ("microscaling groups: transformers' compressed-tensors path decompresses them into bfloat16 on CPU; a "
            "float32 model loads with quantization_config=CompressedTensorsConfig(dequantize=True) (vLLM reads the "
            "compressed tensors as written)")
@@ -79,11 +81,24 @@ class MXFP4Blocks(GGUFCodec):
 
 
 class NVFP4Blocks(GGUFCodec):
-    writes = False  # registered for its reason only
-
     def claims(self, spec: Spec) -> str | None:
-        return ("NVFP4 has a float32 global scale; ggml's NVFP4 (blocks of 64, unsigned e4m3 scales, none global) "
-                "would round its scales again")
+        if spec["global_scale"] != "one":
+            return ("two-level NVFP4 has a float32 global scale; ggml's NVFP4 (blocks of 64, unsigned e4m3 scales, "
+                    "none global) would round its scales again: quantize with nvfp4's arithmetic: ggml")
+        if spec["in_features"] is not None and spec["in_features"] % GGML_NVFP4_BLOCK:
+            return f"ggml's NVFP4 stores blocks of {GGML_NVFP4_BLOCK}; a row of {spec['in_features']} is not whole blocks"
+        return None
+
+    def ggml_type(self, q: WeightTensor) -> str:
+        return "NVFP4"
+
+    def encode(self, q: WeightTensor, kind: str) -> np.ndarray:
+        assert isinstance(q, NVFP4Tensor) and kind == "NVFP4"
+        out, n_in = q.shape
+        codes = unpack_nibbles(q.codes).reshape(out, n_in // GGML_NVFP4_BLOCK, 4, NVFP4_BLOCK)
+        packed = (codes[..., :8] | (codes[..., 8:] << 4)).reshape(out, -1, 32)
+        scales = q.scales.view(torch.uint8).reshape(out, -1, 4)
+        return torch.cat([scales, packed], dim=-1).reshape(out, -1).contiguous().cpu().numpy()
 
 
 register_codec("nvfp4", NVFP4PackQuantized())

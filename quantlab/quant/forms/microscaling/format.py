@@ -98,14 +98,17 @@ class NVFP4Format(MicroscalingFormat):
     block: ClassVar[int] = NVFP4_BLOCK
     arithmetic: Arithmetic = Field("divide", description="divide (compressed-tensors / llm-compressor, ModelOpt's "
                                    "rule) or reciprocal (torchao's nvfp4_quantize); they differ in the last bit of a "
-                                   "few elements")
+                                   "few elements. ggml: ggml's quantize_row_nvfp4_ref, single-level (no global "
+                                   "scale; scales rounded half up to unsigned e4m3; ties to the smaller element), "
+                                   "the NVFP4 GGUF holds")
 
     @property
     def scheme_label(self) -> str:
-        return self.label_with("nvfp4", ["recip"] if self.arithmetic == "reciprocal" else [])
+        extra = {"reciprocal": ["recip"], "ggml": ["ggml"]}.get(self.arithmetic, [])
+        return self.label_with("nvfp4", extra)
 
     def stored_specs(self) -> tuple[Spec, ...]:
-        return (Spec("nvfp4"),)
+        return (Spec("nvfp4", {"global_scale": "one" if self.arithmetic == "ggml" else "tensor"}),)
 
     def linear_weight_bytes(self, out_features: int, in_features: int, base: torch.dtype) -> int:
         return NVFP4Tensor.analytic_nbytes((out_features, in_features))
@@ -118,5 +121,6 @@ WEIGHT_FORMATS.register("mxfp4", "OCP MXFP4: e2m1 elements, an e8m0 scale per 32
                         "activations, compute_dtype, kernel")(MXFP4Format)
 WEIGHT_FORMATS.register("mxfp8", "OCP MXFP8: e4m3 elements, an e8m0 scale per 32; fields: scale_rounding, "
                         "activations, compute_dtype, kernel")(MXFP8Format)
-WEIGHT_FORMATS.register("nvfp4", "NVFP4: e2m1 elements, an e4m3 scale per 16 and a float32 global scale; fields: "
-                        "arithmetic, activations, compute_dtype, kernel")(NVFP4Format)
+WEIGHT_FORMATS.register("nvfp4", "NVFP4: e2m1 elements, an e4m3 scale per 16 and a float32 global scale (arithmetic: "
+                        "ggml for ggml's single-level NVFP4, which GGUF holds); fields: arithmetic, activations, "
+                        "compute_dtype, kernel")(NVFP4Format)

@@ -37,7 +37,7 @@ from .tensor import (
 
 ScaleRounding = Literal["floor", "round", "even", "ceil", "rceil"]
 Ties = Literal["even", "to_zero"]
-Arithmetic = Literal["divide", "reciprocal"]
+Arithmetic = Literal["divide", "reciprocal", "ggml"]
 ZERO_BLOCK_SCALE = 0.125  # an all-zero NVFP4 block's scale (compressed-tensors' e4m3 eps), never a division by 0
 ELEMENT_EMAX = {"e2m1": 2, "e4m3": 8}  # the largest exponent of the element format: floor(log2(max))
 ELEMENT_MANTISSA = {"e2m1": 1, "e4m3": 3}
@@ -119,6 +119,8 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     smallest normal, elements ``x * ((1 / per_tensor) / scale)``; the two differ in the last bit of a few elements
     (a handful per million on SmolLM2-135M). The stored global scale is ``448 * 6 / amax`` in both."""
     x = _check(x, NVFP4_BLOCK)
+    if arithmetic == "ggml":
+        return quantize_nvfp4_ggml(x)
     out, n_in = x.shape
     gs = nvfp4_global_scale(x) if global_scale is None else global_scale.float().reshape(1)
     blocks = x.view(out, n_in // NVFP4_BLOCK, NVFP4_BLOCK)
@@ -134,3 +136,38 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None,
         scaled = blocks * ((1.0 / per_tensor) / fp8.float()).unsqueeze(-1)
     scaled = scaled.clamp(-E2M1_MAX, E2M1_MAX).view(out, n_in)
     return NVFP4Tensor(pack_nibbles(e2m1_codes(scaled)), fp8, gs, (out, n_in))
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)  # by code
+
+
+def ggml_ue4m3(x: torch.Tensor) -> torch.Tensor:
+    """Non-negative float32 ``x`` as the unsigned e4m3 bytes ggml's ``ggml_fp32_to_ue4m3`` writes: the fourth
+    mantissa bit rounds half up, a value of 256 or more is 448 (0x7E), subnormals ``(int)(x * 512 + 0.5)``."""
+    x = x.float().clamp(max=E4M3_MAX)
+    bits = x.view(torch.int32)
+    exponent = ((bits >> 23) & 0xFF) - 127 + 7
+    mantissa = ((bits >> 20) & 0x7) + ((bits >> 19) & 1)
+    carry = mantissa > 7
+    exponent, mantissa = torch.where(carry, exponent + 1, exponent), torch.where(carry, 0, mantissa)
+    normal = torch.where(exponent >= 15, 0x7E, (exponent.clamp(0, 15) << 3) | mantissa)
+    sub = (x * 512.0 + 0.5).to(torch.int32).clamp(max=7)
+    code = torch.where(((bits >> 23) & 0xFF) - 127 + 7 <= 0, sub, normal)
+    return torch.where(x > 0, code, 0).to(torch.uint8)
+
+
+def quantize_nvfp4_ggml(x: torch.Tensor, rows_at_once: int = 2048) -> NVFP4Tensor:
+    """``x [out, in]`` as ggml's ``quantize_row_nvfp4_ref`` rounds it (GGUF's NVFP4): single-level, the global
+    scale 1; each block of 16 scaled by ``amax / 6`` in ggml's unsigned e4m3 (``ggml_ue4m3``), each element the
+    e2m1 value nearest to it under that scale, the first in code order on a tie (the smaller magnitude)."""
+    out, n_in = x.shape
+    values = torch.tensor(E2M1_VALUES, device=x.device)
+    codes, scales = [], []
+    for start in range(0, out, rows_at_once):
+        blocks = x[start: start + rows_at_once].reshape(-1, n_in // NVFP4_BLOCK, NVFP4_BLOCK)
+        ue = ggml_ue4m3(blocks.abs().amax(-1) / E2M1_MAX)
+        d = ue.view(torch.float8_e4m3fn).float().unsqueeze(-1)
+        error = (values * d.unsqueeze(-1) - blocks.unsqueeze(-1)).abs()  # [rows, blocks, 16, 16 codes]
+        codes.append(error.argmin(-1).reshape(-1, n_in))
+        scales.append(ue.view(torch.float8_e4m3fn))
+    return NVFP4Tensor(pack_nibbles(torch.cat(codes)), torch.cat(scales), torch.ones(1, device=x.device), (out, n_in))

@@ -114,6 +114,10 @@ class NVFP4Tensor(WeightTensor):
     group_size = NVFP4_BLOCK
     form = "nvfp4"
 
+    def spec(self) -> Spec:
+        single = bool((self.global_scale.float() == 1).all())
+        return Spec(self.form, {"global_scale": "one" if single else "tensor", "in_features": self.shape[1]})
+
     def describe(self) -> str:
         return f"NVFP4 (e2m1, e4m3 scale per {NVFP4_BLOCK}, float32 global scale)"
 

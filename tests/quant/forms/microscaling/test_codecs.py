@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,6 +98,21 @@ def test_mxfp4_is_written_as_ggmls_mxfp4_blocks_that_decode_to_the_measured_weig
     ours = model.get_submodule("model.layers.1.mlp.down_proj").dequantize_weight().numpy()
     assert (theirs == ours).all()
     assert {info["max_abs_deviation"] for info in result.tensors.values() if info["type"] == "MXFP4"} == {0.0}
+
+
+def test_single_level_nvfp4_is_written_as_ggmls_nvfp4_blocks_that_decode_to_the_measured_weights(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    model = make_llama()
+    fmt = build_format({"format": "nvfp4", "arithmetic": "ggml"})
+    assert "gguf" in fmt.exports and fmt.label == "nvfp4-ggml"
+    quantize_(model, fmt)
+    export_(model, "gguf", tmp_path, source=BUNDLED_DIR / "tiny-stdlib-llama")
+    reader = gguf.GGUFReader(tmp_path / "model.gguf")
+    down = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    assert down.tensor_type == gguf.GGMLQuantizationType.NVFP4
+    theirs = gguf.quants.dequantize(down.data, down.tensor_type)
+    ours = model.model.layers[0].mlp.down_proj.kernel.stored().dequantize().numpy()
+    assert np.array_equal(theirs.reshape(ours.shape), ours)
 
 
 @pytest.mark.parametrize("spec,why", [({"format": "nvfp4"}, "global scale"), ({"format": "mxfp8"}, "no ggml type")])

@@ -115,3 +115,39 @@ def test_mxfp4_with_ties_to_zero_equals_ggmls_blocks(real_weights) -> None:
         assert np.array_equal(blocks, expected), (name, int((blocks != expected).sum()))
     even = quantize_mx(real_weights["heavy_tailed_random"], "e2m1")
     assert not torch.equal(even.codes, quantize_mx(real_weights["heavy_tailed_random"], "e2m1", ties="to_zero").codes)
+
+
+def _ggml_nvfp4_layout(q) -> np.ndarray:
+    """Our NVFP4 tensor in ggml's block layout: per 64, four e4m3 scale bytes, then per 16 element j low, j + 8 high."""
+    out, n_in = q.shape
+    codes = unpack_nibbles(q.codes).reshape(out, n_in // 64, 4, 16)
+    packed = (codes[..., :8] | (codes[..., 8:] << 4)).reshape(out, -1, 32)
+    return torch.cat([q.scales.view(torch.uint8).reshape(out, -1, 4), packed], -1).reshape(out, -1).numpy()
+
+
+def test_nvfp4_ggml_arithmetic_equals_ggmls_quantizer(real_weights) -> None:
+    """ggml's ``quantize_row_nvfp4_ref`` (llama.cpp's, through llama-cpp-python's libggml-base) on real weights where
+    it is installed; everywhere, the blocks it wrote for ``reference_input()`` (kept in data/, with the command)."""
+    from .ggml_nvfp4_reference import BLOCKS, ggml_blocks, reference_input
+
+    x = reference_input()
+    kept = np.load(BLOCKS)
+    assert np.array_equal(_ggml_nvfp4_layout(quantize_nvfp4(x, arithmetic="ggml")), kept)
+    if ggml_blocks(x) is None:
+        pytest.skip("llama-cpp-python is not installed: checked against the kept blocks only")
+    assert np.array_equal(ggml_blocks(x), kept)
+    for name, w in real_weights.items():
+        if w.shape[1] % 64 == 0:
+            ours = _ggml_nvfp4_layout(quantize_nvfp4(w, arithmetic="ggml"))
+            theirs = ggml_blocks(w)
+            assert np.array_equal(ours, theirs), (name, int((ours != theirs).sum()))
+
+
+def test_nvfp4_ggml_blocks_decode_in_gguf_py_to_our_weights() -> None:
+    gguf = pytest.importorskip("gguf")
+    from .ggml_nvfp4_reference import reference_input
+
+    q = quantize_nvfp4(reference_input(), arithmetic="ggml")
+    decoded = gguf.quants.dequantize(_ggml_nvfp4_layout(q), gguf.GGMLQuantizationType.NVFP4)
+    assert np.array_equal(decoded, q.dequantize().numpy())
+    assert float(q.global_scale) == 1.0  # single-level: the block scales alone
