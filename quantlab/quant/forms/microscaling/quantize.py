@@ -126,8 +126,9 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor | None = None,
     blocks = x.view(out, n_in // NVFP4_BLOCK, NVFP4_BLOCK)
     block_amax = blocks.abs().amax(-1)
     if arithmetic == "divide":
-        fp8 = (gs * (block_amax / E2M1_MAX)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        fp8 = torch.where(fp8.float() == 0, torch.tensor(ZERO_BLOCK_SCALE).to(torch.float8_e4m3fn), fp8)
+        rounded = (gs * (block_amax / E2M1_MAX)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+        # the zero block's scale chosen in float32 (exact in e4m3): inductor cannot select between float8 tensors
+        fp8 = torch.where(rounded == 0, ZERO_BLOCK_SCALE, rounded).to(torch.float8_e4m3fn)
         scaled = blocks / (fp8.float() / gs).unsqueeze(-1)
     else:
         per_tensor = (1.0 / gs) if global_scale is not None else x.abs().amax().reshape(1) / (E4M3_MAX * E2M1_MAX)
