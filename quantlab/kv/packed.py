@@ -22,7 +22,7 @@ import torch
 
 from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor, quantize_mx, quantize_nvfp4
-from .ggml import GGML_ELEMENTS, GGMLRows, quantize_rows, rows_nbytes
+from .ggml_rows import GGML_ELEMENTS, GGMLRows, quantize_rows, rows_nbytes
 from .hf_compat import DynamicLayer, DynamicSlidingWindowLayer, advance_window, initialize_layer, window_position
 
 Axis = Literal["token", "channel"]

@@ -26,7 +26,7 @@ from ..errors import UnsupportedError
 from ..quant.forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..quant.forms.microscaling import MXTensor, NVFP4Tensor
 from .code_attention import reads_codes
-from .ggml import GGML_ELEMENTS, rows_from_bytes
+from .ggml_rows import GGML_ELEMENTS, rows_from_bytes
 from .hf_compat import StaticLayer, StaticSlidingWindowLayer
 from .packed import ELEMENTS, Codec, encode_element, hadamard_rotate, head_scales
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantlab.extend import KV_FORMATS
-from quantlab.kv.ggml import quantize_rows
+from quantlab.kv.ggml_rows import quantize_rows
 from quantlab.kv.packed import Codec
 
 from .test_static import stepwise_logits, tiny
