@@ -22,7 +22,7 @@ import torch
 
 from quantlab import quantize_
 from quantlab.data import load_text
-from quantlab.engine.llama_cpp.engine import _ask_for_arrays
+from quantlab.engine.llama_cpp.engine import ask_for_arrays
 from quantlab.engine.llama_cpp.process import LlamaCppProcess
 from quantlab.eval.tokens import tokenize
 from quantlab.models import ModelSpec, load_model
@@ -62,7 +62,7 @@ def main() -> None:
         export_(model, "gguf", folder, tokenizer=loaded.tokenizer)
         with LlamaCppProcess(folder / "model.gguf", threads=torch.get_num_threads(), cache_type="f32",
                              n_ctx=args.window) as llama:
-            logits = _ask_for_arrays(llama, "logits.npy", cmd="logits", windows=ids.tolist(), window=args.window,
+            logits = ask_for_arrays(llama, "logits.npy", cmd="logits", windows=ids.tolist(), window=args.window,
                                      all_positions=True)["logits"]
         theirs = torch.log_softmax(logits.float(), -1)
         a, b = kl(base, ours), kl(base, theirs)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from quantlab.data import load_text
-from quantlab.engine.llama_cpp.engine import _ask_for_arrays
+from quantlab.engine.llama_cpp.engine import ask_for_arrays
 from quantlab.engine.llama_cpp.process import LlamaCppProcess
 from quantlab.eval.tokens import tokenize
 from quantlab.kv import KV_FORMATS
@@ -47,7 +47,7 @@ def main() -> None:
     def llama_cpp(cache_type: str, rotate: bool = True) -> torch.Tensor:
         with LlamaCppProcess(folder / "model.gguf", threads=torch.get_num_threads(), cache_type=cache_type,
                              n_ctx=args.window, rotate=rotate) as llama:
-            logits = _ask_for_arrays(llama, "logits.npy", cmd="logits", windows=ids.tolist(), window=args.window,
+            logits = ask_for_arrays(llama, "logits.npy", cmd="logits", windows=ids.tolist(), window=args.window,
                                      all_positions=True)["logits"]
         return torch.log_softmax(logits.float(), -1)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -15,6 +14,7 @@ def decode(model: nn.Module, prompts: torch.Tensor, kv: Any, steps: int, device:
            follow: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens [N, steps], log-probabilities [N, steps, vocab] float32)``: the next-token distribution before each
     step and the token taken (its argmax, or ``follow[:, step]``). ``prompts``: ``[N, P]`` token ids."""
+    from ..fidelity.log_probs import log_probs
     from ..kv.hf_compat import cache_kwarg
 
     prompts = prompts.to(device)
@@ -25,7 +25,7 @@ def decode(model: nn.Module, prompts: torch.Tensor, kv: Any, steps: int, device:
                    **{arg: cache}).logits[:, -1].float()
     tokens, logprobs = [], []
     for step in range(steps):
-        logp = F.log_softmax(logits, dim=-1)
+        logp = log_probs(logits)
         token = logp.argmax(-1) if follow is None else follow[:, step].to(device)
         tokens.append(token.cpu())
         logprobs.append(logp.cpu())

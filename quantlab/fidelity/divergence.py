@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..progress import progress
+from .log_probs import log_probs
 from .statistics import confidence_splits, llama_statistics
 
 
@@ -71,7 +71,7 @@ def _log_probs(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_si
     for start in (progress(starts, what) if what else starts):
         batch = windows[start:start + batch_size].to(device)
         logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()
-        yield F.log_softmax(logits, dim=-1), batch[:, 1:]
+        yield log_probs(logits), batch[:, 1:]
 
 
 def reference(model: nn.Module, ids: torch.Tensor, window_tokens: int, batch_size: int, device: torch.device,

@@ -74,24 +74,31 @@ def _quantiles(values: torch.Tensor, fractions: dict[str, float]) -> dict[str, f
     return found
 
 
-def _sums(x: torch.Tensor) -> tuple[float, float]:
-    x = x.double()
-    return x.sum().item(), x.pow(2).sum().item()
+def _sums(x: torch.Tensor, float32_squares: bool = False) -> tuple[float, float]:
+    square = x.float().square().double() if float32_squares else x.double().square()
+    return x.double().sum().item(), square.sum().item()
 
 
 def llama_statistics(kl: torch.Tensor, nll: torch.Tensor, nll_base: torch.Tensor, delta_p: torch.Tensor,
-                     same_top: torch.Tensor) -> dict[str, Any]:
+                     same_top: torch.Tensor, float32_products: bool = False) -> dict[str, Any]:
     """The figures llama-perplexity prints, from per-position KL, the variant's and the baseline's negative
-    log-likelihood of the next token, Δp and whether the first most likely tokens are the same."""
+    log-likelihood of the next token, Δp and whether the first most likely tokens are the same.
+
+    ``float32_products``: square the NLLs and Δp and multiply NLL by baseline NLL in float32 before summing in
+    float64, and leave the square root of a negative variance NaN, as the tool does (its ``nll*nll``,
+    ``nll*nll_base`` and ``p_diff*p_diff`` are float products); its printed uncertainties are then reproduced to
+    the last digit. The default keeps every product in float64."""
     n = kl.numel()
+    f32 = float32_products
     kl_mean, kl_unc = mean_and_uncertainty(*_sums(kl), n)
-    log_ppl, log_ppl_unc = mean_and_uncertainty(*_sums(nll), n)
-    log_base, log_base_unc = mean_and_uncertainty(*_sums(nll_base), n)
-    cov = covariance(nll.double().sum().item(), nll_base.double().sum().item(),
-                     (nll.double() * nll_base.double()).sum().item(), n)
-    ratio_unc = math.sqrt(max(log_ppl_unc ** 2 + log_base_unc ** 2 - 2 * cov, 0.0))
+    log_ppl, log_ppl_unc = mean_and_uncertainty(*_sums(nll, f32), n)
+    log_base, log_base_unc = mean_and_uncertainty(*_sums(nll_base, f32), n)
+    product = nll.float() * nll_base.float() if f32 else nll.double() * nll_base.double()
+    cov = covariance(nll.double().sum().item(), nll_base.double().sum().item(), product.double().sum().item(), n)
+    ratio_var = log_ppl_unc ** 2 + log_base_unc ** 2 - 2 * cov
+    ratio_unc = math.sqrt(ratio_var) if ratio_var >= 0 else (math.nan if f32 else 0.0)
     dp_mean, dp_unc = mean_and_uncertainty(*_sums(delta_p), n)
-    dp2 = delta_p.double().pow(2)
+    dp2 = delta_p.float().square().double() if f32 else delta_p.double().square()
     mse, mse_unc = mean_and_uncertainty(dp2.sum().item(), dp2.pow(2).sum().item(), n)
     rms = math.sqrt(mse)
     same = same_top.double().mean().item()

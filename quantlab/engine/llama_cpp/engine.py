@@ -83,7 +83,7 @@ def note(rows: list[dict[str, Any]], figure: Figure) -> str:
             "process's resident peak.")
 
 
-def _ask_for_arrays(process: LlamaCppProcess, name: str, **cmd: Any) -> dict[str, torch.Tensor]:
+def ask_for_arrays(process: LlamaCppProcess, name: str, **cmd: Any) -> dict[str, torch.Tensor]:
     """Ask the child for arrays it writes to a file (``name``: ``.npy`` for one, ``.npz`` for several), read back
     as tensors (``logits`` for a single array)."""
     import numpy as np
@@ -110,7 +110,7 @@ class LlamaCppLM(nn.Module):
         if past_key_values is not None:
             raise UnsupportedError(f"engine {NAME} scores whole windows (perplexity protocols windows and sliding), "
                                    "not through a transformers cache")
-        found = _ask_for_arrays(self.process, "logits.npy", cmd="logits", windows=input_ids.tolist(),
+        found = ask_for_arrays(self.process, "logits.npy", cmd="logits", windows=input_ids.tolist(),
                                 window=input_ids.shape[1], all_positions=True)
         return SimpleNamespace(logits=found["logits"].to(input_ids.device))
 
@@ -142,7 +142,7 @@ class LlamaCppVariant:
                  follow: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy continuations through llama.cpp's own cache (its cache type): ``(tokens [N, steps], log-probabilities
         [N, steps, vocab])``, each prompt from an empty cache; ``follow``: take its tokens instead (teacher-forced)."""
-        found = _ask_for_arrays(self.process, "generated.npz", cmd="generate", prompts=prompts.tolist(), steps=steps,
+        found = ask_for_arrays(self.process, "generated.npz", cmd="generate", prompts=prompts.tolist(), steps=steps,
                                 follow=None if follow is None else follow.tolist())
         return found["tokens"], found["logprobs"]
 

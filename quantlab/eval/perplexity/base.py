@@ -13,12 +13,12 @@ import math
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, model_serializer
 from torch import nn
 
 from ...data import BUILTIN_TEXTS, Text, TextSource
 from ...errors import QuantlabError
+from ...fidelity.log_probs import nll_sum
 from ...progress import progress
 from ...registry import Registry
 from ..base import Evaluation
@@ -149,7 +149,7 @@ def negative_log_likelihood(model: nn.Module, ids: torch.Tensor, spans: list[Spa
         batch = torch.stack([ids[b: b + length] for b in chunk_begins]).to(device)
         logits = model(input_ids=batch).logits[:, length - scored - 1: length - 1].float()
         targets = batch[:, length - scored:]
-        nll += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum").item()
+        nll += nll_sum(logits, targets)
         count += targets.numel()
     return nll, count
 

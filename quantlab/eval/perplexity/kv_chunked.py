@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
 from ...data import Text
 from ...errors import QuantlabError
+from ...fidelity.log_probs import nll_sum
 from ...progress import progress
 from .base import PERPLEXITY_PROTOCOLS, PerplexityProtocol, stamped
 
@@ -40,7 +40,7 @@ def cache_perplexity(
             positions = torch.arange(start, start + chunk.shape[1], device=device)
             logits.append(model(input_ids=chunk, use_cache=True, cache_position=positions, **{arg: cache}).logits.float())
         full = torch.cat(logits, dim=1)[:, :-1]
-        nll += F.cross_entropy(full.reshape(-1, full.size(-1)), batch[:, 1:].reshape(-1), reduction="sum").item()
+        nll += nll_sum(full, batch[:, 1:])
         scored += batch[:, 1:].numel()
     return stamped(nll, scored, {"name": "kv-chunked", "window_tokens": window_tokens, "stride_tokens": window_tokens,
                                   "chunk_tokens": chunk_tokens, "kv_format": kv.label}, text)

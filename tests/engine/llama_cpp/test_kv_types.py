@@ -28,7 +28,7 @@ def _kl(p: torch.Tensor, q: torch.Tensor) -> float:
 
 def test_rotated_and_unrotated_block_caches_score_like_llama_cpps(tmp_path: Path) -> None:
     from quantlab.data import load_text
-    from quantlab.engine.llama_cpp.engine import _ask_for_arrays
+    from quantlab.engine.llama_cpp.engine import ask_for_arrays
     from quantlab.engine.llama_cpp.process import LlamaCppProcess
     from quantlab.eval.tokens import tokenize
     from quantlab.kv import KV_FORMATS
@@ -50,7 +50,7 @@ def test_rotated_and_unrotated_block_caches_score_like_llama_cpps(tmp_path: Path
     def llama_cpp(cache_type: str, rotate: bool = True) -> torch.Tensor:
         with LlamaCppProcess(tmp_path / "model.gguf", threads=torch.get_num_threads(), cache_type=cache_type,
                              n_ctx=WINDOW, rotate=rotate) as llama:
-            logits = _ask_for_arrays(llama, "logits.npy", cmd="logits", windows=ids.tolist(), window=WINDOW,
+            logits = ask_for_arrays(llama, "logits.npy", cmd="logits", windows=ids.tolist(), window=WINDOW,
                                      all_positions=True)["logits"]
         return torch.log_softmax(logits.float(), -1)
 
