@@ -4,8 +4,10 @@ and back, then the weight's product), so the figures measure the numerics, not t
 
 The scales are dynamic, from the activation being rounded, as the references' schemes take them: MX blocks of 32
 along the features with e8m0 scales (compressed-tensors' MXFP4 / MXFP8 input_activations); NVFP4 blocks of 16 with
-e4m3 scales under a float32 global scale from the tensor's own maximum (compressed-tensors calibrates that global
-scale once, on calibration data; here each call takes its own, the figure that calibration approaches); FP8 e4m3
+e4m3 scales under a float32 global scale, by default from the tensor's own maximum at each call, or with
+``global_scale: static`` one per linear calibrated on the calibration text as compressed-tensors' NVFP4 preset has
+it (its ``static_minmax`` observer: ``448 · 6 / max|x|`` over every calibration input, the rounding active while it
+observes, as llm-compressor calibrates), the ``input_global_scale`` a compressed-tensors export holds; FP8 e4m3
 with a scale per token (vLLM's dynamic per-token) or per group of 128 features (FP8_BLOCK's input_activations).
 """
 from __future__ import annotations
@@ -36,6 +38,9 @@ class ActivationFormat(BaseModel):
     scale_rounding: Literal["floor", "round", "even", "ceil", "rceil"] | None = Field(
         None, description="mxfp4 / mxfp8 only: how a block's e8m0 scale is taken (the weight formats' field); null: "
         "floor (OCP MX, torchao); round is compressed-tensors' forward, which a compressed-tensors export needs")
+    global_scale: Literal["dynamic", "static"] | None = Field(
+        None, description="nvfp4 only: dynamic (null) takes the global scale from each input; static calibrates one "
+        "per linear on the calibration text (compressed-tensors' input_global_scale, which its export needs)")
 
     @model_validator(mode="before")
     @classmethod
@@ -55,12 +60,20 @@ class ActivationFormat(BaseModel):
             raise ValueError(f"group_size is fp8's; {self.format} has blocks of its own")
         if self.scale_rounding is not None and not self.format.startswith("mx"):
             raise ValueError(f"scale_rounding is for mxfp4 and mxfp8; {self.format} has no e8m0 scales")
+        if self.global_scale is not None and self.format != "nvfp4":
+            raise ValueError(f"global_scale is nvfp4's; {self.format} has no global scale")
         return self
+
+    @property
+    def static(self) -> bool:
+        """Whether the rounding holds a global scale calibrated on data (so the format needs calibration)."""
+        return self.global_scale == "static"
 
     @property
     def label(self) -> str:
         return ("a" + self.format + (f"-g{self.group_size}" if self.group_size else "")
-                + (f"-{self.scale_rounding}" if self.scale_rounding not in (None, "floor") else ""))
+                + (f"-{self.scale_rounding}" if self.scale_rounding not in (None, "floor") else "")
+                + ("-static" if self.static else ""))
 
     @property
     def block(self) -> int:
@@ -68,7 +81,7 @@ class ActivationFormat(BaseModel):
         return self.group_size if self.format == "fp8" and self.group_size else ROUNDINGS[self.format][1]
 
     def module(self) -> "ActivationRounding":
-        return ActivationRounding(self.format, self.group_size, self.scale_rounding)
+        return ActivationRounding(self.format, self.group_size, self.scale_rounding, self.static)
 
 
 def rounding_module(fmt: ActivationFormat | None) -> "ActivationRounding | None":
@@ -77,12 +90,15 @@ def rounding_module(fmt: ActivationFormat | None) -> "ActivationRounding | None"
 
 
 def round_activations(x: torch.Tensor, fmt: str, group_size: int | None = None,
-                      scale_rounding: str | None = None) -> torch.Tensor:
-    """``x [..., features]`` rounded to ``fmt``'s grid with dynamic scales and returned in ``x``'s dtype."""
+                      scale_rounding: str | None = None, global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., features]`` rounded to ``fmt``'s grid with dynamic scales (under ``global_scale`` where given:
+    nvfp4's static one) and returned in ``x``'s dtype."""
     shape, dtype = x.shape, x.dtype
     rows = x.reshape(-1, shape[-1]).float()
     if fmt == "fp8":
         out = fp8_rows(rows, group_size)
+    elif global_scale is not None:
+        out = ROUNDINGS[fmt][0](rows, global_scale=global_scale)
     else:
         out = ROUNDINGS[fmt][0](rows, scale_rounding) if scale_rounding else ROUNDINGS[fmt][0](rows)
     return out.reshape(shape).to(dtype)
@@ -102,20 +118,65 @@ register_rounding("fp8", fp8_rows, 1)
 
 
 class ActivationRounding(nn.Module):
-    """The input rounding a quantized linear applies before its product (no stored tensors)."""
+    """The input rounding a quantized linear applies before its product. A static one holds ``input_global_scale``
+    (float32 ``[1]``) and ``input_amax`` (the largest ``|x|`` it has observed), set by ``calibrate_activations_``."""
 
-    def __init__(self, fmt: str, group_size: int | None = None, scale_rounding: str | None = None) -> None:
+    def __init__(self, fmt: str, group_size: int | None = None, scale_rounding: str | None = None,
+                 static: bool = False) -> None:
         super().__init__()
-        self.fmt, self.group_size, self.scale_rounding = fmt, group_size, scale_rounding
+        self.fmt, self.group_size, self.scale_rounding, self.static = fmt, group_size, scale_rounding, static
+        self.observing = False
+        self.calibrated = False  # a static one: set by calibrate_activations_
+        if static:
+            self.register_buffer("input_global_scale", torch.full((1,), float("nan")))
+            self.register_buffer("input_amax", torch.zeros(1))
 
     @property
     def spec(self) -> ActivationFormat:
         """The ``activations:`` entry this module rounds by."""
         return ActivationFormat(format=self.fmt, group_size=self.group_size,
-                                scale_rounding=getattr(self, "scale_rounding", None))
+                                scale_rounding=getattr(self, "scale_rounding", None),
+                                global_scale="static" if getattr(self, "static", False) else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return round_activations(x, self.fmt, self.group_size, getattr(self, "scale_rounding", None))
+        if not getattr(self, "static", False):
+            return round_activations(x, self.fmt, self.group_size, getattr(self, "scale_rounding", None))
+        if self.observing:  # static_minmax: the running maximum, the scale from it, this input rounded by it
+            self.input_amax.copy_(torch.maximum(self.input_amax, x.detach().abs().amax().float().reshape(1)))
+            self.input_global_scale.copy_(static_global_scale(self.input_amax))
+        elif not self.calibrated:
+            raise RuntimeError("this linear's static input global scale was never calibrated "
+                               "(quantize_ with calibration data calibrates it)")
+        return round_activations(x, self.fmt, global_scale=self.input_global_scale)
 
     def extra_repr(self) -> str:
         return self.spec.label[1:]
+
+
+def static_global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' ``generate_gparam`` for NVFP4: ``448 · 6 / amax`` in float32 (1 where that is not
+    finite: an input that was all zeros)."""
+    scale = 448.0 * 6.0 / amax.float().clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+
+
+@torch.no_grad()
+def calibrate_activations_(model: nn.Module, samples: list[torch.Tensor]) -> int:
+    """Calibrate every static input rounding of ``model`` on ``samples`` (token ids ``[1, seq]``), one forward pass
+    each, all of them observing at once; returns how many were calibrated (0: nothing was run)."""
+    static = [m for m in model.modules() if isinstance(m, ActivationRounding) and getattr(m, "static", False)]
+    if not static:
+        return 0
+    device = next(p.device for p in model.parameters())
+    for m in static:
+        m.input_amax.zero_()
+        m.observing = True
+    try:
+        for ids in samples:
+            model(input_ids=ids.to(device), use_cache=False)
+    finally:
+        for m in static:
+            m.observing = False
+    for m in static:
+        m.calibrated = True
+    return len(static)

@@ -78,6 +78,10 @@ def quantize_(
     for key in sorted(assigned, key=lambda k: k == ""):  # the overrides, then the entry's own format
         found = formats[key].apply_(model, assigned[key], calibration)
         details.update({n: {**d, "format": formats[key].scheme_label} if fmt.overrides else d for n, d in found.items()})
+    if calibration is not None:  # input roundings with a static scale observe the calibration text, all at once
+        from .activations import calibrate_activations_
+
+        calibrate_activations_(model, calibration.samples)
     kept += [name for names in assigned.values() for name in names if name not in details]
     details.update(_embedding_(model, fmt, tied))
     return QuantizeReport(replaced=list(details), kept=kept, details=details)

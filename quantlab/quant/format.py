@@ -75,8 +75,14 @@ class WeightFormat(BaseModel):
 
     @property
     def needs_calibration(self) -> bool:
-        """Whether this format, or one of its overrides, needs calibration data."""
-        return self.requires_calibration or any(o.format.requires_calibration for o in self.overrides)
+        """Whether this format, or one of its overrides, needs calibration data (its algorithm, or activations
+        rounded under a static scale calibrated on data)."""
+        return self._calibrates or any(o.format._calibrates for o in self.overrides)
+
+    @property
+    def _calibrates(self) -> bool:
+        activations = getattr(self, "activations", None)
+        return self.requires_calibration or bool(activations is not None and activations.static)
 
     def format_for(self, name: str) -> "WeightFormat | None":
         """The format module ``name`` (a linear the default selection takes) is stored in; None: kept as is."""

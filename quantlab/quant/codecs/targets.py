@@ -24,6 +24,7 @@ class LinearWeight:
     bias: torch.Tensor | None
     settings: dict[str, Any]
     activations: Any = None  # the ActivationFormat its input is rounded by, or None (weight-only)
+    input_global_scale: torch.Tensor | None = None  # a static activation rounding's calibrated global scale
 
 
 @dataclass

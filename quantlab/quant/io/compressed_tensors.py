@@ -57,6 +57,8 @@ class CompressedTensorsExporter(Exporter):
             tensors.update({f"{lw.name}.{k}": v for k, v in codec.tensors(lw.stored, dtype).items()})
             if lw.bias is not None:
                 tensors[f"{lw.name}.bias"] = lw.bias.detach().cpu()
+            if lw.input_global_scale is not None:  # NVFP4 W4A4: the static scale its input is rounded under
+                tensors[f"{lw.name}.input_global_scale"] = lw.input_global_scale.detach().float().cpu().reshape(1)
             result.tensors[lw.name] = {"module": lw.name, "type": f"{found['format']} {found['weights']['type']}"
                                        f"{found['weights']['num_bits']}",
                                        "max_abs_deviation": codec.deviation(lw.stored, dtype)}
@@ -85,7 +87,7 @@ class CompressedTensorsExporter(Exporter):
 
 # activations: format (and fp8 group size) -> compressed-tensors' preset whose input_activations round it the same way
 ACTIVATION_PRESETS = {("mxfp4", None): "MXFP4", ("mxfp8", None): "MXFP8", ("fp8", None): "FP8_DYNAMIC",
-                      ("fp8", 128): "FP8_BLOCK"}
+                      ("fp8", 128): "FP8_BLOCK", ("nvfp4", None): "NVFP4"}
 
 
 def input_activations(activations: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -93,18 +95,18 @@ def input_activations(activations: Any) -> tuple[dict[str, Any] | None, str | No
     with dynamic scales (its preset's own arguments: MXFP4 / MXFP8 blocks of 32, FP8 per token (FP8_DYNAMIC) or
     per group of 128 (FP8_BLOCK), or per group of another size), and None; or None and why it cannot be written.
     Its loaders round as quantlab does (``tests/quant/io/test_compressed_tensors_activations.py``) for FP8, and for
-    MX where the scales are taken as compressed-tensors' forward takes them (``scale_rounding: round``). NVFP4's
-    input global scale is a static figure compressed-tensors calibrates (``input_global_scale``), which
-    quantlab's rounding takes per call."""
+    MX where the scales are taken as compressed-tensors' forward takes them (``scale_rounding: round``), and for
+    NVFP4 where its global scale is static (``global_scale: static``: the ``input_global_scale`` the export
+    writes), as compressed-tensors' NVFP4 preset keeps it; a global scale taken per call has no such field."""
     fmt, group_size = activations.format, activations.group_size
     if fmt.startswith("mx") and activations.scale_rounding != "round":
         return None, (f"compressed-tensors' forward takes {fmt} activation scales by its rounding of the block maximum "
                       f"(scale_rounding: round); these were measured with {activations.scale_rounding or 'floor'}: "
                       f"set activations: {{format: {fmt}, scale_rounding: round}}")
-    if fmt == "nvfp4":
+    if fmt == "nvfp4" and not activations.static:
         return None, ("compressed-tensors' NVFP4 input_activations keep a static input_global_scale calibrated on "
-                      "data; quantlab's W4A4 rounding takes the global scale per call, so the folder would not run "
-                      "the measured numbers (export the weights alone: nvfp4 without activations)")
+                      "data; these were measured with the global scale taken per call: set activations: "
+                      "{format: nvfp4, global_scale: static} (calibrated on the recipe's calibration text)")
     preset = ACTIVATION_PRESETS.get((fmt, group_size))
     if preset is None and fmt != "fp8":
         return None, f"compressed-tensors has no input_activations for {fmt}"

@@ -43,8 +43,10 @@ def quantized_linears(model: nn.Module) -> list[LinearWeight]:
                 raise UnsupportedError(f"{name}: {e}") from None
             rounding = module.input_rounding
             activations = None if rounding is None else rounding.spec
+            static = getattr(rounding, "input_global_scale", None) if activations is not None and activations.static \
+                else None
             linears.append(LinearWeight(name, stored, None if module.bias is None else module.bias.data,
-                                        module.settings, activations))
+                                        module.settings, activations, static))
         elif isinstance(module, BlockEmbedding) and not module.tied:  # a tied one is written as its head
             linears.append(LinearWeight(name, module.stored(), None, {"method": "gguf", "embedding": True}))
     return linears

@@ -2,8 +2,8 @@
 ``input_activations`` of the preset that rounds the same way, and compressed-tensors' own forward rounding under
 those arguments gives quantlab's rounded input bit for bit (float32 activations; compressed-tensors' fake
 quantization of a bfloat16 input takes its scales in bfloat16, vLLM's kernels and quantlab in float32). What no
-loader would round as measured is refused in one line: NVFP4's static input global scale, MX scales taken by
-another rule, targets that hold weights alone."""
+loader would round as measured is refused in one line: NVFP4 with its global scale taken per call (the export
+needs the static one, calibrated), MX scales taken by another rule, targets that hold weights alone."""
 from __future__ import annotations
 
 import json
@@ -62,7 +62,7 @@ def test_the_written_input_activations_round_as_quantlab_measured(spec: dict, pr
 
 
 @pytest.mark.parametrize("spec,to,why", [
-    ({"format": "nvfp4", "activations": "nvfp4"}, "compressed-tensors", "static input_global_scale"),
+    ({"format": "nvfp4", "activations": "nvfp4"}, "compressed-tensors", "global_scale: static"),
     ({"format": "mxfp4", "activations": "mxfp4"}, "compressed-tensors", "scale_rounding: round"),
     ({"format": "mxfp4", "activations": {"format": "mxfp4", **MX_ROUND}}, "gguf", "gguf holds weights alone"),
 ])
@@ -80,3 +80,63 @@ def test_scale_rounding_is_refused_where_there_are_no_e8m0_scales() -> None:
     with pytest.raises(ValueError, match="scale_rounding is for mxfp4 and mxfp8"):
         build_format({"format": "fp8", "activations": {"format": "fp8", "scale_rounding": "round"}})
     assert build_format(CASES[0][0]).label.endswith("amxfp8-round")
+
+
+def test_nvfp4_w4a4_with_a_static_global_scale_exports_what_compressed_tensors_rounds(tmp_path: Path) -> None:
+    """W4A4 NVFP4 as compressed-tensors' NVFP4 preset has it: each linear's input global scale calibrated by
+    static min-max on the calibration text (``448 · 6 / max|x|``, compressed-tensors' ``generate_gparam``), written
+    as ``input_global_scale``; compressed-tensors' forward under it rounds an input as quantlab does, bit for bit."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationStatus
+    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+    from compressed_tensors.quantization.utils.helpers import generate_gparam
+    from safetensors.torch import load_file
+
+    from quantlab.data import calibration_samples, load_text
+    from quantlab.eval.tokens import tokenize
+    from quantlab.quant.activations import ActivationRounding
+
+    model, tokenizer, src = _tiny()
+    fmt = build_format({"format": "nvfp4", "activations": {"format": "nvfp4", "global_scale": "static"}})
+    assert fmt.needs_calibration and fmt.label.endswith("anvfp4-static") and "compressed-tensors" in fmt.exports
+    samples = calibration_samples(tokenize(tokenizer, load_text("bundled-heldout")), 2, 64, seed=0)
+    first = model.model.layers[0].self_attn.q_proj
+    seen = []  # layer 0's q_proj input does not depend on any rounding: its maximum is the calibration's own
+    hook = first.register_forward_pre_hook(lambda m, args: seen.append(args[0].abs().amax()))
+    with torch.no_grad():
+        for ids in samples:
+            model(input_ids=ids)
+    hook.remove()
+    quantize_(model, fmt, samples)
+    rounding = model.model.layers[0].self_attn.q_proj.input_rounding
+    assert isinstance(rounding, ActivationRounding) and rounding.calibrated
+    amax = torch.stack(seen).max()
+    assert torch.equal(rounding.input_amax, amax.reshape(1))
+    assert torch.equal(rounding.input_global_scale, generate_gparam(-amax.reshape(1), amax.reshape(1)))
+    export_(model, "compressed-tensors", tmp_path, tokenizer=tokenizer, source=src)
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    written = [g["input_activations"] for g in config["config_groups"].values()]
+    assert written and all(w == PRESET_SCHEMES["NVFP4"]["input_activations"].model_dump(mode="json") for w in written)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    scales = {k: v for k, v in tensors.items() if k.endswith(".input_global_scale")}
+    linears = [n for n, m in model.named_modules() if isinstance(m, ActivationRounding)]
+    assert len(scales) == len(linears) == 7 * model.config.num_hidden_layers  # every linear but the head
+    assert torch.equal(scales["model.layers.0.self_attn.q_proj.input_global_scale"], rounding.input_global_scale)
+    layer = torch.nn.Linear(256, 4)
+    layer.quantization_status = QuantizationStatus.FROZEN
+    layer.input_global_scale = torch.nn.Parameter(rounding.input_global_scale.clone(), requires_grad=False)
+    x = torch.randn(2, 7, 256, generator=torch.Generator().manual_seed(0)) * torch.logspace(-2, 1, 256)
+    ours = rounding(x)
+    assert torch.equal(forward_quantize(layer, x, "input", QuantizationArgs.model_validate(written[0])), ours)
+    dynamic = round_activations(x, "nvfp4")  # the global scale from x itself: another rounding
+    assert not torch.equal(ours, dynamic) and not torch.equal(ours, x)
+
+
+def test_a_static_input_rounding_refuses_to_run_uncalibrated() -> None:
+    from quantlab.quant.activations import ActivationFormat
+
+    rounding = ActivationFormat(format="nvfp4", global_scale="static").module()
+    with pytest.raises(RuntimeError, match="never calibrated"):
+        rounding(torch.ones(1, 16))
+    with pytest.raises(ValueError, match="global_scale is nvfp4's"):
+        ActivationFormat(format="mxfp4", global_scale="static")
