@@ -152,7 +152,7 @@ LAYERS: dict[str, int] = {
     "measurements": 5,
     "records": 6,
     **dict.fromkeys(["run", "report"], 7),
-    **dict.fromkeys(["api", "starter", "extend"], 8),
+    **dict.fromkeys(["api", "starter", "extend", "plan"], 8),  # plan: joint weights + KV choice, measured through run
     "cli": 9,
     "reference": 10,  # the documentation's generated pages: reads every registry and the CLI's parser
 }
