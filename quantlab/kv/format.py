@@ -105,3 +105,17 @@ def layer_windows(config: PretrainedConfig) -> list[int | None]:
     kinds = getattr(text, "layer_types", None) or [
         "sliding_attention" if window else "full_attention"] * text.num_hidden_layers
     return [window if kind == "sliding_attention" and window else None for kind in kinds]
+
+
+def single_layer_config(config: PretrainedConfig, window: int | None) -> PretrainedConfig:
+    """A copy of the text config with one decoder layer, of global attention (``window`` None) or sliding
+    attention over ``window`` positions: a format's per-model byte formula then gives one layer's bytes."""
+    import copy
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    one = copy.deepcopy(text)
+    one.num_hidden_layers = 1
+    one.layer_types = ["sliding_attention" if window else "full_attention"]
+    if window:
+        one.sliding_window = window
+    return one

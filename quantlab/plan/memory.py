@@ -3,24 +3,11 @@
 formula, the one ``quantlab estimate`` and the run's records print for the whole model."""
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
-from ..kv.format import KVFormat, layer_windows
-
-
-def single_layer_config(config: Any, window: int | None) -> Any:
-    """A copy of the text config with one decoder layer, of global attention (``window`` None) or sliding
-    attention over ``window`` positions."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    one = copy.deepcopy(text)
-    one.num_hidden_layers = 1
-    one.layer_types = ["sliding_attention" if window else "full_attention"]
-    if window:
-        one.sliding_window = window
-    return one
+from ..kv.format import KVFormat, layer_windows, single_layer_config
 
 
 def layer_kv_bytes(fmt: KVFormat, config: Any, batch_size: int, tokens: int, dtype: torch.dtype) -> list[int | None]:
