@@ -23,27 +23,34 @@ def cache_perplexity(
     """Protocol ``kv-chunked``: disjoint windows as in ``windows``, each fed ``chunk_tokens`` at a time
     through a fresh cache of KV format ``kv``, so every chunk attends to the stored (quantized) keys and
     values of the chunks before it. Scores the same tokens as ``windows``."""
-    from ...kv.hf_compat import cache_kwarg  # transformers loads on first use, not when a recipe is validated
-
     n_windows = ids.numel() // window_tokens
     if n_windows == 0:
         raise QuantlabError(f"the text has {ids.numel()} tokens, fewer than one window of {window_tokens}")
     windows = ids[: n_windows * window_tokens].view(n_windows, window_tokens)
-    arg = cache_kwarg(model)
     nll, scored = 0.0, 0
     for batch in progress(windows.split(batch_size), "perplexity through the cache, batches"):
         batch = batch.to(device)
-        cache = kv.make_cache(model.config)
-        logits = []
-        for start in range(0, window_tokens, chunk_tokens):
-            chunk = batch[:, start: start + chunk_tokens]
-            positions = torch.arange(start, start + chunk.shape[1], device=device)
-            logits.append(model(input_ids=chunk, use_cache=True, cache_position=positions, **{arg: cache}).logits.float())
-        full = torch.cat(logits, dim=1)[:, :-1]
+        full = logits_through_cache(model, batch, kv, chunk_tokens)[:, :-1]
         nll += nll_sum(full, batch[:, 1:])
         scored += batch[:, 1:].numel()
     return stamped(nll, scored, {"name": "kv-chunked", "window_tokens": window_tokens, "stride_tokens": window_tokens,
                                   "chunk_tokens": chunk_tokens, "kv_format": kv.label}, text)
+
+
+@torch.inference_mode()
+def logits_through_cache(model: nn.Module, batch: torch.Tensor, kv: Any, chunk_tokens: int) -> torch.Tensor:
+    """The float32 logits ``[batch, window, vocab]`` of windows ``batch`` (token ids on the model's device) fed
+    ``chunk_tokens`` at a time through a fresh cache of KV format ``kv``."""
+    from ...kv.hf_compat import cache_kwarg
+
+    arg = cache_kwarg(model)
+    cache = kv.make_cache(model.config)
+    logits = []
+    for start in range(0, batch.shape[1], chunk_tokens):
+        chunk = batch[:, start: start + chunk_tokens]
+        positions = torch.arange(start, start + chunk.shape[1], device=batch.device)
+        logits.append(model(input_ids=chunk, use_cache=True, cache_position=positions, **{arg: cache}).logits.float())
+    return torch.cat(logits, dim=1)
 
 
 @PERPLEXITY_PROTOCOLS.register("kv-chunked", "disjoint windows fed chunk_tokens at a time through the KV cache")
