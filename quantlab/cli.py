@@ -1,4 +1,4 @@
-"""The ``quantlab`` command: run | report | compare | estimate | sensitivity | export | init | formats."""
+"""The ``quantlab`` command: run | report | compare | estimate | sensitivity | plan | export | init | formats."""
 from __future__ import annotations
 
 import argparse
@@ -106,6 +106,24 @@ def _sensitivity(args: argparse.Namespace) -> int:
                              log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
     write_tables(out, result)
     print(out / "sensitivity.md")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .estimate.fit import parse_bytes
+    from .plan.command import run_plan
+    from .plan.planner import Workload
+    from .run.recipe import load_recipe
+
+    memory = parse_bytes(args.memory, "--memory")
+    for flag, value in (("--context", args.context), ("--batch", args.batch), ("--kv-group-layers", args.kv_group_layers)):
+        if value < 1:
+            raise QuantlabError(f"{flag} must be at least 1 (got {value})")
+    recipe = load_recipe(args.recipe)
+    out = args.out or Path("reports") / f"{recipe.name}-plan"
+    path = run_plan(recipe, Workload(memory, args.context, args.batch), out, kv_group_layers=args.kv_group_layers,
+                    log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
+    print(path)
     return 0
 
 
@@ -336,6 +354,21 @@ def build_parser() -> argparse.ArgumentParser:
     sens.add_argument("--out", type=Path, default=None,
                       help="output folder (default: reports/<recipe>-sensitivity-<formats>-<granularity>)")
     sens.set_defaults(func=_sensitivity)
+    plan = sub.add_parser("plan", help="choose weight and KV formats per layer together within a memory budget",
+                          description="Measure the divergence of each decoder layer's linears in each of the recipe's "
+                          "weight formats (the sensitivity scan) and of each layer's KV cache in each of its KV formats "
+                          "(through the cache), then choose one option per layer for the least summed divergence whose "
+                          "memory at the workload fits --memory (an exact knapsack over weights and cache together). "
+                          "Writes plan.md, plan.json and plan-recipe.yaml (the plan beside the baseline, for quantlab "
+                          "run).", epilog=EXIT_CODES)
+    plan.add_argument("recipe", help="recipe YAML file (its model, baseline, weight and KV formats, texts)")
+    plan.add_argument("--memory", required=True, help="the budget: 24GiB, 500MB or a byte count")
+    plan.add_argument("--context", type=int, required=True, help="positions held per sequence at the workload")
+    plan.add_argument("--batch", type=int, default=1, help="sequences held at once (default 1)")
+    plan.add_argument("--kv-group-layers", type=int, default=1,
+                      help="consecutive layers of one attention kind that share a KV format (default 1)")
+    plan.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe>-plan)")
+    plan.set_defaults(func=_plan)
     export = sub.add_parser("export", help="write a measured variant as GGUF, a GPTQ folder, ... for another engine",
                             description="Quantize the run's variant again as its recipe says, check that the numbers "
                             "are the ones measured (the record's weights digest), and write them in the target format with quantlab-export.json "

@@ -16,7 +16,7 @@ import torch
 from ..data import load_text
 from ..engine import DecodeResult, engine
 from ..engine.memory import rss_bytes
-from ..errors import first_line
+from ..errors import QuantlabError, first_line
 from ..estimate.model import config_estimate
 from ..models import (
     LoadedModel,
@@ -48,6 +48,18 @@ def load_baseline(recipe: Any, device: torch.device) -> tuple[LoadedModel, Quant
         loaded = load_model(recipe.model, device, recipe.seed)
         report = quantize_(loaded.model, weight, calibration_for(recipe, loaded) if weight.needs_calibration else None)
     return loaded, report
+
+
+def load_unquantized_baseline(recipe: Any, purpose: str) -> tuple[LoadedModel, Calibration]:
+    """The recipe's baseline loaded and its calibration windows, refused in one line when the baseline quantizes
+    linears (``purpose``: what needs it unquantized, e.g. "sensitivity needs")."""
+    from ..engine.device import resolve_device
+
+    loaded, applied = load_baseline(recipe, resolve_device(recipe.device))
+    if applied.replaced:
+        raise QuantlabError(f"{recipe.source}: the baseline {recipe.baseline_variant.weight.label} quantizes linears; "
+                            f"{purpose} an unquantized baseline (fp32, bf16 or fp16)")
+    return loaded, calibration_for(recipe, loaded)
 
 
 SHARED_WEIGHTS = "weights"  # run-folder subfolder: calibrated weight formats, solved once for all their variants

@@ -83,11 +83,10 @@ def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granu
                     log: Callable[[str], None]) -> SensitivityTable:
     from ..data import token_ids_sha256
     from ..dtypes import DTYPES
-    from ..engine.device import resolve_device
     from ..models import load_config, model_dtype_name
     from ..quant.apply import select_linears
     from ..quant.mixed.sensitivity import scan, scan_samples
-    from .lifecycle import calibration_for, load_baseline
+    from .lifecycle import load_unquantized_baseline
 
     baseline = recipe.baseline_variant.weight
     base = DTYPES[model_dtype_name(recipe.model, load_config(recipe.model))]  # the dtype the model loads in
@@ -95,11 +94,7 @@ def run_sensitivity(recipe: Any, formats: list[WeightFormat], granularity: Granu
         if not _fits_beside(f, baseline, base):
             raise QuantlabError(f"{recipe.source}: sensitivity puts {f.label} beside the baseline {baseline.label}: "
                                 "it needs the baseline's compute dtype and no include, exclude or overrides")
-    loaded, applied = load_baseline(recipe, resolve_device(recipe.device))
-    if applied.replaced:
-        raise QuantlabError(f"{recipe.source}: the baseline {baseline.label} quantizes linears; sensitivity needs an "
-                            "unquantized baseline (fp32, bf16 or fp16)")
-    calibration = calibration_for(recipe, loaded)
+    loaded, calibration = load_unquantized_baseline(recipe, "sensitivity needs")
     samples = scan_samples(calibration, max_tokens)
     window = samples[0].shape[-1]
     stamp = {"baseline": baseline.label, "granularity": granularity, "text": str(recipe.calibration.text),

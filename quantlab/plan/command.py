@@ -1,0 +1,49 @@
+"""``quantlab plan RECIPE --memory 24GiB --context 32768 --batch 8``: the recipe's model, baseline, weight and KV
+formats and texts, planned by ``planner`` into an output folder, with ``plan-recipe.yaml``: the recipe measuring the
+plan beside its baseline."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import QuantlabError
+from .planner import Workload, deployable, plan_model, write_plan
+
+
+def run_plan(recipe: Any, workload: Workload, out: Path, scan_tokens: int = 2048, kv_window_tokens: int = 512,
+             kv_windows: int = 2, kv_group_layers: int = 1, log: Callable[[str], None] = lambda _: None) -> Path:
+    import yaml
+
+    from ..data import load_text, tokenize
+    from ..files import atomic_write_text
+    from ..quant.mixed.sensitivity import scan_samples
+    from ..run.lifecycle import load_unquantized_baseline
+    from ..run.sensitivity import beside_baseline
+
+    baseline = recipe.baseline_variant.weight
+    baseline_kv = recipe.baseline_variant.kv
+    weight_formats = beside_baseline(recipe)
+    kv_formats = [k for k in recipe.kv_cache if k != baseline_kv]
+    if not weight_formats and not kv_formats:
+        raise QuantlabError(f"{recipe.source}: nothing to plan: no weight format that goes beside the baseline one "
+                            "layer at a time, and no KV format besides the baseline's")
+    loaded, calibration = load_unquantized_baseline(recipe, "a plan starts from")
+    text = recipe.evaluations.perplexity.text if recipe.evaluations.perplexity else recipe.calibration.text
+    ids = tokenize(loaded.tokenizer, load_text(text)) if loaded.tokenizer is not None else torch.cat(
+        [s.reshape(-1) for s in calibration.samples])
+    window = min(kv_window_tokens, ids.numel() // kv_windows)
+    if window < 2:
+        raise QuantlabError(f"{text}: too short for {kv_windows} KV-scan windows")
+    result = plan_model(loaded.model, baseline, weight_formats, baseline_kv, kv_formats, calibration,
+                        scan_samples(calibration, scan_tokens), ids[: kv_windows * window].view(kv_windows, window),
+                        workload, kv_group_layers, log=log)
+    entries = deployable(result, baseline, weight_formats, baseline_kv, kv_formats)
+    path = write_plan(result, entries, out)
+    raw = yaml.safe_load(Path(recipe.source).read_text(encoding="utf-8"))
+    raw.update({"name": f"{recipe.name}-plan", "weights": [raw["weights"][0] if raw.get("weights") else baseline.label,
+                                                           entries["weights"]],
+                "kv_cache": [raw["kv_cache"][0] if raw.get("kv_cache") else "native", entries["kv_cache"]]})
+    atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
+    return path
