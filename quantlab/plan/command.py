@@ -1,6 +1,7 @@
 """``quantlab plan RECIPE --memory 24GiB --context 32768 --batch 8``: the recipe's model, baseline, weight and KV
-formats and texts, planned by ``planner`` into an output folder, with ``plan-recipe.yaml``: the recipe measuring the
-plan beside its baseline."""
+formats and texts, planned by ``planner`` into an output folder, with ``plan-recipe.yaml``: the recipe with the
+plan's weights and cache added to its own formats, so that ``quantlab run`` measures the plan, its weights and its
+cache alone, and every uniform configuration beside it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,8 +43,13 @@ def run_plan(recipe: Any, workload: Workload, out: Path, scan_tokens: int = 2048
     entries = deployable(result, baseline, weight_formats, baseline_kv, kv_formats)
     path = write_plan(result, entries, out)
     raw = yaml.safe_load(Path(recipe.source).read_text(encoding="utf-8"))
-    raw.update({"name": f"{recipe.name}-plan", "weights": [raw["weights"][0] if raw.get("weights") else baseline.label,
-                                                           entries["weights"]],
-                "kv_cache": [raw["kv_cache"][0] if raw.get("kv_cache") else "native", entries["kv_cache"]]})
+    # the plan beside the recipe's own formats: every weight x KV pair is measured, the uniform ones among them
+    from ..kv.per_layer import build_kv_format
+    from ..quant.format import build_format
+
+    new_weights = [] if build_format(entries["weights"]) in recipe.weights else [entries["weights"]]
+    new_kv = [] if build_kv_format(entries["kv_cache"]) in recipe.kv_cache else [entries["kv_cache"]]  # a uniform one
+    raw.update({"name": f"{recipe.name}-plan", "weights": [*(raw.get("weights") or [baseline.label]), *new_weights],
+                "kv_cache": [*(raw.get("kv_cache") or ["native"]), *new_kv]})
     atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
     return path

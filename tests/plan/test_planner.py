@@ -106,3 +106,36 @@ def test_bad_flags_are_one_line_before_any_work(args: list[str], message: str, c
     assert main(["plan", "recipes/quickstart.yaml", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_formats(tmp_path: Path) -> None:
+    import yaml
+
+    from quantlab.plan.command import run_plan
+    from quantlab.run.recipe import load_recipe
+
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(yaml.safe_dump({
+        "name": "tiny", "model": {"bundled": "tiny-stdlib-llama", "dtype": "float32"},
+        "weights": ["fp32", {"format": "int4", "group_size": 32}],
+        "kv_cache": ["native", {"format": "int4", "group_size": 32, "residual_tokens": 0}],
+        "evaluations": {"perplexity": {"protocol": "kv-chunked", "window_tokens": 64, "chunk_tokens": 32,
+                                       "text": "bundled-heldout"}},
+        "calibration": {"text": "bundled-heldout", "samples": 2, "seq_len": 64, "seed": 0}, "baseline": "fp32"}))
+    path = run_plan(load_recipe(recipe_file), Workload(9 * MIB, 512, 4), tmp_path / "plan", scan_tokens=128,
+                    kv_window_tokens=64, kv_windows=1, kv_group_layers=6)
+    assert path.name == "plan.md"
+    planned = load_recipe(tmp_path / "plan" / "plan-recipe.yaml")
+    weights, kvs = [w.label for w in planned.weights], [k.label for k in planned.kv_cache]
+    assert weights[:2] == ["fp32", "int4-g32-asym"] and len(weights) == 3  # the recipe's own, then the plan's
+    assert kvs[:2] == ["native", "int4-g32-r0"]  # the plan's cache added unless it is one of them
+    chosen_kv = {o.label for name, o in json_choice(tmp_path / "plan" / "plan.json").items() if name.startswith("kv")}
+    assert len(kvs) == (2 if len(chosen_kv) == 1 else 3)
+    assert planned.baseline_label == "fp32/kv-native" and len(planned.variants()) == len(weights) * len(kvs)
+
+
+def json_choice(path: Path) -> dict:
+    import json
+    from types import SimpleNamespace
+
+    return {k: SimpleNamespace(label=v["format"]) for k, v in json.loads(path.read_text())["choice"].items()}
