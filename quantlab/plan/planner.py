@@ -185,7 +185,7 @@ def write_plan(result: PlanResult, entries: dict[str, Any], out: Path) -> Path:
     lines += [f"| {p.budget_bytes / mib:,.1f} | {p.total_bytes / mib:,.1f} | {p.predicted_kl_nats:.5f} |"
               for p in result.frontier]
     lines += ["", "## How the figures were obtained", ""] + [f"- {k}: {v}" for k, v in result.provenance.items()]
-    lines += ["", "Measure it: `quantlab run plan-recipe.yaml` (the recipe with the plan beside its baseline).", ""]
+    lines += ["", "Measure it: `quantlab run plan-recipe.yaml` (the plan beside the recipe's own formats).", ""]
     atomic_write_text(out / "plan.md", "\n".join(lines))
     atomic_write_text(out / "plan.json", json.dumps({
         "workload": {"memory_bytes": w.memory_bytes, "context_tokens": w.context_tokens, "batch_size": w.batch_size},
