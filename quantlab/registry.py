@@ -91,3 +91,26 @@ class Registry(Generic[T]):
             if entry.cls is type(config) and not entry.fixed:
                 return entry.name
         raise KeyError(f"{type(config).__name__} has no registered name without presets")
+
+    def build_entry(self, entry: Any, name_key: str = "format") -> T:
+        """A config from its recipe form: ``NAME`` or ``{format: NAME, field: value...}``."""
+        params = {name_key: entry} if isinstance(entry, str) else dict(entry) if isinstance(entry, dict) else {}
+        name = params.pop(name_key, None)
+        if not isinstance(name, str):
+            raise ValueError(f"{name_key}: required, a name or {{{name_key}: NAME, field: value...}} (names: "
+                             f"{', '.join(self.names())})")
+        return self[name].build(**params)
+
+    def nested_entry(self, data: dict[str, Any], key: str, cls: type) -> dict[str, Any]:
+        """``{key: ..., format: NAME, field: value...}`` or ``{key: ..., format: {format: NAME, ...}}`` (a recipe's
+        override) as ``{key: ..., format: config}``; one whose format is already a ``cls`` as it is."""
+        fmt = data.get("format")
+        if isinstance(fmt, cls):
+            return data
+        params = fmt if isinstance(fmt, dict) else {k: v for k, v in data.items() if k != key}
+        return {key: data.get(key), "format": self.build_entry(params)}
+
+    def recipe_entry(self, config: T) -> dict[str, Any]:
+        """The recipe form of ``config``: its registered name and the fields set away from their defaults."""
+        return {"format": self.canonical_name(config),
+                **config.model_dump(mode="json", exclude_defaults=True)}  # type: ignore[attr-defined]

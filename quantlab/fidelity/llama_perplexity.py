@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .statistics import covariance, mean_and_uncertainty
+from .statistics import ln_perplexities, root
 
 MAGIC = b"_logits_"
 LOG_PROB_FLOOR = -16.0  # stored log-probabilities at or below it are left out of the KL sum
@@ -131,24 +131,14 @@ def score(logits: torch.Tensor, base_log_probs: torch.Tensor, next_tokens: torch
 def perplexities(nll: torch.Tensor, nll_base: torch.Tensor, float32_products: bool = False) -> dict[str, float]:
     """The tool's "Perplexity statistics" that ``llama_statistics`` does not return: PPL(Q) and PPL(base) with
     their uncertainties, their ratio and difference with theirs (``float32_products`` as ``llama_statistics``)."""
-    n = nll.numel()
-    a, b = nll.double(), nll_base.double()
-
-    def square(x: torch.Tensor, y: torch.Tensor) -> float:
-        return (x.float() * y.float() if float32_products else x * y).double().sum().item()
-
-    def root(variance: float) -> float:
-        return math.sqrt(variance) if variance >= 0 else (math.nan if float32_products else 0.0)
-
-    log_q, unc_q = mean_and_uncertainty(a.sum().item(), square(a, a), n)
-    log_b, unc_b = mean_and_uncertainty(b.sum().item(), square(b, b), n)
-    cov = covariance(a.sum().item(), b.sum().item(), square(a, b), n)
+    log_q, unc_q, log_b, unc_b, cov = ln_perplexities(nll, nll_base, float32_products)
     ppl_q, ppl_b = math.exp(log_q), math.exp(log_b)
     ratio = math.exp(log_q - log_b)
     return {"ppl": ppl_q, "ppl_uncertainty": ppl_q * unc_q, "ppl_base": ppl_b, "ppl_base_uncertainty": ppl_b * unc_b,
-            "ppl_ratio": ratio, "ppl_ratio_uncertainty": ratio * root(unc_q ** 2 + unc_b ** 2 - 2 * cov),
+            "ppl_ratio": ratio, "ppl_ratio_uncertainty": ratio * root(unc_q ** 2 + unc_b ** 2 - 2 * cov, float32_products),
             "ppl_difference": ppl_q - ppl_b,
-            "ppl_difference_uncertainty": root((ppl_q * unc_q) ** 2 + (ppl_b * unc_b) ** 2 - 2 * ppl_q * ppl_b * cov)}
+            "ppl_difference_uncertainty": root((ppl_q * unc_q) ** 2 + (ppl_b * unc_b) ** 2 - 2 * ppl_q * ppl_b * cov,
+                                               float32_products)}
 
 
 def _number(value: float, width: int, decimals: int) -> str:

@@ -79,6 +79,24 @@ def _sums(x: torch.Tensor, float32_squares: bool = False) -> tuple[float, float]
     return x.double().sum().item(), square.sum().item()
 
 
+def root(variance: float, float32_products: bool = False) -> float:
+    """The square root of a variance estimate; a negative one is 0, or NaN as the tool leaves it
+    (``float32_products``)."""
+    return math.sqrt(variance) if variance >= 0 else (math.nan if float32_products else 0.0)
+
+
+def ln_perplexities(nll: torch.Tensor, nll_base: torch.Tensor,
+                    float32_products: bool = False) -> tuple[float, float, float, float, float]:
+    """ln PPL of the variant and of the baseline with their uncertainties, and their covariance: the mean NLLs
+    with ``mean_and_uncertainty`` and ``covariance`` (products in float32 where ``float32_products``)."""
+    n = nll.numel()
+    log_q, unc_q = mean_and_uncertainty(*_sums(nll, float32_products), n)
+    log_b, unc_b = mean_and_uncertainty(*_sums(nll_base, float32_products), n)
+    product = nll.float() * nll_base.float() if float32_products else nll.double() * nll_base.double()
+    cov = covariance(nll.double().sum().item(), nll_base.double().sum().item(), product.double().sum().item(), n)
+    return log_q, unc_q, log_b, unc_b, cov
+
+
 def llama_statistics(kl: torch.Tensor, nll: torch.Tensor, nll_base: torch.Tensor, delta_p: torch.Tensor,
                      same_top: torch.Tensor, float32_products: bool = False) -> dict[str, Any]:
     """The figures llama-perplexity prints, from per-position KL, the variant's and the baseline's negative
@@ -91,12 +109,8 @@ def llama_statistics(kl: torch.Tensor, nll: torch.Tensor, nll_base: torch.Tensor
     n = kl.numel()
     f32 = float32_products
     kl_mean, kl_unc = mean_and_uncertainty(*_sums(kl), n)
-    log_ppl, log_ppl_unc = mean_and_uncertainty(*_sums(nll, f32), n)
-    log_base, log_base_unc = mean_and_uncertainty(*_sums(nll_base, f32), n)
-    product = nll.float() * nll_base.float() if f32 else nll.double() * nll_base.double()
-    cov = covariance(nll.double().sum().item(), nll_base.double().sum().item(), product.double().sum().item(), n)
-    ratio_var = log_ppl_unc ** 2 + log_base_unc ** 2 - 2 * cov
-    ratio_unc = math.sqrt(ratio_var) if ratio_var >= 0 else (math.nan if f32 else 0.0)
+    log_ppl, log_ppl_unc, log_base, log_base_unc, cov = ln_perplexities(nll, nll_base, f32)
+    ratio_unc = root(log_ppl_unc ** 2 + log_base_unc ** 2 - 2 * cov, f32)
     dp_mean, dp_unc = mean_and_uncertainty(*_sums(delta_p), n)
     dp2 = delta_p.float().square().double() if f32 else delta_p.double().square()
     mse, mse_unc = mean_and_uncertainty(dp2.sum().item(), dp2.pow(2).sum().item(), n)

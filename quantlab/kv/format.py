@@ -119,3 +119,18 @@ def single_layer_config(config: PretrainedConfig, window: int | None) -> Pretrai
     if window:
         one.sliding_window = window
     return one
+
+
+def layer_kv_bytes(fmt: KVFormat, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype,
+                   static: bool = False) -> list[int | None]:
+    """Each decoder layer's bytes in ``fmt`` for ``batch_size`` sequences of ``tokens`` positions (None where the
+    format leaves its layout to a backend): its whole-model formula on a one-layer config of that layer's attention
+    kind, once per kind; they sum to the whole-model figure."""
+    per_kind: dict[int | None, int | None] = {}
+    out = []
+    for window in layer_windows(config):
+        if window not in per_kind:
+            per_kind[window] = fmt.cache_bytes_analytic(single_layer_config(config, window), batch_size, tokens, dtype,
+                                                        static)
+        out.append(per_kind[window])
+    return out

@@ -12,24 +12,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 if TYPE_CHECKING:
     from transformers import Cache, PretrainedConfig
 
-from .format import KV_FORMATS, KVFormat, layer_windows, single_layer_config
+from .format import KV_FORMATS, KVFormat, layer_kv_bytes, layer_windows
 
 
 def build_kv_format(entry: Any) -> KVFormat:
     """A KV format from its recipe form: ``NAME`` or ``{format: NAME, field: value...}`` (a format as is)."""
-    if isinstance(entry, KVFormat):
-        return entry
-    params = {"format": entry} if isinstance(entry, str) else dict(entry) if isinstance(entry, dict) else {}
-    name = params.pop("format", None)
-    if not isinstance(name, str):
-        raise ValueError(f"format: required, a name or {{format: NAME, field: value...}} (names: "
-                         f"{', '.join(KV_FORMATS.names())})")
-    return KV_FORMATS[name].build(**params)
+    return entry if isinstance(entry, KVFormat) else KV_FORMATS.build_entry(entry)
 
 
 def kv_format_entry(fmt: KVFormat) -> dict[str, Any]:
     """The recipe form of ``fmt``: its registered name and the fields set away from their defaults."""
-    return {"format": KV_FORMATS.canonical_name(fmt), **fmt.model_dump(mode="json", exclude_defaults=True)}
+    return KV_FORMATS.recipe_entry(fmt)
 
 
 class LayerFormat(BaseModel):
@@ -48,11 +41,7 @@ class LayerFormat(BaseModel):
         data = dict(data)
         if isinstance(data.get("layers"), int):
             data["layers"] = (data["layers"],)
-        fmt = data.get("format")
-        if not isinstance(fmt, KVFormat):
-            params = fmt if isinstance(fmt, dict) else {k: v for k, v in data.items() if k != "layers"}
-            data = {"layers": data.get("layers"), "format": build_kv_format(params)}
-        return data
+        return KV_FORMATS.nested_entry(data, "layers", KVFormat)
 
     @field_validator("layers")
     @classmethod
@@ -170,11 +159,6 @@ class PerLayerKV(KVFormat):
 
     def cache_bytes_analytic(self, config: PretrainedConfig, batch_size: int, tokens: int, dtype: torch.dtype,
                              static: bool = False) -> int | None:
-        total = 0
-        for i, window in enumerate(layer_windows(config)):
-            found = self.format_of(i).cache_bytes_analytic(single_layer_config(config, window), batch_size, tokens,
-                                                           dtype, static)
-            if found is None:
-                return None
-            total += found
-        return total
+        per_format = {id(f): layer_kv_bytes(f, config, batch_size, tokens, dtype, static) for f in self._members()}
+        found = [per_format[id(self.format_of(i))][i] for i in range(len(layer_windows(config)))]
+        return None if None in found else sum(found)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 (nats, over the whole vocabulary) of the model's next-token distributions when only that group's cache takes the
 candidate, against the baseline cache, with the windows fed through the cache chunk by chunk (the ``kv-chunked``
 protocol), so every chunk attends to what the earlier ones stored. A plan's prediction is the sum of its groups'
-rows; ``cache_kl`` measures a whole plan the same way, to check that sum."""
+rows; ``CacheReference.kl`` measures a whole plan the same way, to check that sum."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,19 +30,16 @@ class CacheReference:
 
     def __init__(self, model: nn.Module, windows: torch.Tensor, baseline: KVFormat, chunk_tokens: int,
                  batch_size: int) -> None:
-        self.model, self.windows, self.chunk_tokens, self.batch_size = model, windows, chunk_tokens, batch_size
+        self.model, self.windows, self.chunk_tokens = model, windows, chunk_tokens
         self.baseline = baseline
-        self.log_probs = [log_probs(logits_through_cache(model, b, baseline, chunk_tokens)[:, :-1])
-                          for b in self._batches()]
-
-    def _batches(self) -> list[torch.Tensor]:
-        device = next(self.model.parameters()).device
-        return [b.to(device) for b in self.windows.split(self.batch_size)]
+        device = next(model.parameters()).device
+        self.batches = [b.to(device) for b in windows.split(batch_size)]  # on the model's device once
+        self.log_probs = [log_probs(logits_through_cache(model, b, baseline, chunk_tokens)[:, :-1]) for b in self.batches]
 
     def kl(self, kv: KVFormat) -> float:
         """Mean KL(baseline ‖ ``kv``) over every scored position, through the cache."""
         total, count = 0.0, 0
-        for batch, p in zip(self._batches(), self.log_probs):
+        for batch, p in zip(self.batches, self.log_probs):
             q = log_probs(logits_through_cache(self.model, batch, kv, self.chunk_tokens)[:, :-1])
             total += (p.exp() * (p - q)).sum(-1).double().sum().item()
             count += p.shape[0] * p.shape[1]
@@ -64,9 +61,3 @@ def kv_layer_scan(reference: CacheReference, groups: list[tuple[int, ...]],
             kl = reference.kl(with_layers(reference.baseline, layers, candidate))
             rows.append(KVScanRow(tuple(layers), candidate.label, kl, positions))
     return rows
-
-
-@torch.inference_mode()
-def cache_kl(reference: CacheReference, kv: KVFormat) -> float:
-    """A whole plan's cache measured as the scan measures one group (to set beside the sum of its groups' rows)."""
-    return reference.kl(kv)

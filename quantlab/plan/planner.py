@@ -3,8 +3,8 @@ the least predicted divergence whose memory at a workload (``batch`` sequences o
 budget. The costs are measured: each weight group by the sensitivity scan (``quant.mixed.sensitivity``: the group
 alone in the format, KL over the baseline's top 128 tokens, a lower bound), each KV layer group through the cache
 (``kv_scan``: the whole vocabulary). The memory is the weights' layout bytes, every other parameter at its dtype,
-and the cache's bytes by each format's formula at the workload (``memory``); activations, workspace and runtime
-overhead are not included (the plan says so)."""
+and the cache's bytes by each format's formula at the workload (``kv.format.layer_kv_bytes``); activations,
+workspace and runtime overhead are not included (the plan says so)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,11 +14,10 @@ from typing import Any, Callable
 import torch
 
 from ..errors import QuantlabError
-from ..kv.format import KVFormat, layer_windows
+from ..kv.format import KVFormat, layer_kv_bytes, layer_windows
 from ..quant.format import WeightFormat
 from .joint import Group, Option, Plan, choose_plan, frontier, uniform_plans
 from .kv_scan import CacheReference, kv_layer_scan
-from .memory import layer_kv_bytes
 
 
 @dataclass

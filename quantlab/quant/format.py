@@ -279,11 +279,7 @@ class ModuleOverride(BaseModel):
         data = dict(data)
         if isinstance(data.get("modules"), str):
             data["modules"] = (data["modules"],)
-        fmt = data.get("format")
-        if not isinstance(fmt, WeightFormat):
-            params = fmt if isinstance(fmt, dict) else {k: v for k, v in data.items() if k != "modules"}
-            data = {"modules": data.get("modules"), "format": build_format(params)}
-        return data
+        return WEIGHT_FORMATS.nested_entry(data, "modules", WeightFormat)
 
     @model_serializer
     def _spec(self) -> dict[str, Any]:
@@ -292,19 +288,12 @@ class ModuleOverride(BaseModel):
 
 def build_format(entry: Any) -> WeightFormat:
     """A format from its recipe form: ``NAME`` or ``{format: NAME, field: value...}`` (a format is returned as is)."""
-    if isinstance(entry, WeightFormat):
-        return entry
-    params = {"format": entry} if isinstance(entry, str) else dict(entry) if isinstance(entry, dict) else {}
-    name = params.pop("format", None)
-    if not isinstance(name, str):
-        raise ValueError(f"format: required, a name or {{format: NAME, field: value...}} (names: "
-                         f"{', '.join(WEIGHT_FORMATS.names())})")
-    return WEIGHT_FORMATS[name].build(**params)
+    return entry if isinstance(entry, WeightFormat) else WEIGHT_FORMATS.build_entry(entry)
 
 
 def format_entry(fmt: WeightFormat) -> dict[str, Any]:
     """The recipe form of ``fmt`` (registered name and the fields set away from their defaults)."""
-    return {"format": WEIGHT_FORMATS.canonical_name(fmt), **fmt.model_dump(mode="json", exclude_defaults=True)}
+    return WEIGHT_FORMATS.recipe_entry(fmt)
 
 
 for _cls in (WeightFormat, QuantizedWeightFormat):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from quantlab.extend import KV_FORMATS
-from quantlab.plan.memory import layer_kv_bytes
+from quantlab.kv.format import layer_kv_bytes
 from tests.conftest import make_llama
 
 INT8 = {"format": "int8", "group_size": 32, "residual_tokens": 0}

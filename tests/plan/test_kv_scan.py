@@ -7,7 +7,7 @@ from quantlab.data import load_text
 from quantlab.eval.tokens import tokenize
 from quantlab.extend import KV_FORMATS
 from quantlab.models import bundled_models
-from quantlab.plan.kv_scan import CacheReference, cache_kl, kv_layer_scan, with_layers
+from quantlab.plan.kv_scan import CacheReference, kv_layer_scan, with_layers
 
 WINDOW, CHUNK = 96, 32
 
@@ -38,9 +38,9 @@ def test_each_group_loses_more_at_fewer_bits_and_nothing_in_the_baseline_format(
 
 def test_a_plan_is_measured_as_its_groups_are(reference: CacheReference) -> None:
     everywhere = with_layers(reference.baseline, tuple(range(6)), _int(8))
-    assert cache_kl(reference, everywhere) == cache_kl(reference, _int(8))  # the same cache, layer for layer
+    assert reference.kl(everywhere) == reference.kl(_int(8))  # the same cache, layer for layer
     groups = [(0, 1, 2), (3, 4, 5)]
     rows = kv_layer_scan(reference, groups, [_int(4)])
     predicted = sum(r.kl_nats for r in rows)
-    measured = cache_kl(reference, _int(4))
+    measured = reference.kl(_int(4))
     assert 0.5 * predicted < measured < 2 * predicted, (predicted, measured)  # additivity holds roughly, not exactly

@@ -5,7 +5,7 @@ import torch
 
 from quantlab.estimate.worksheet import kv_payload, normalized_config
 from quantlab.extend import KV_FORMATS
-from quantlab.plan.memory import layer_kv_bytes
+from quantlab.kv.format import layer_kv_bytes
 
 FORMATS = ["native", "int8", "int4", "q8_0", "fp8", "nvfp4"]
 
