@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PretrainedConfig
@@ -158,20 +158,23 @@ def build(name: str, config: PretrainedConfig, device: torch.device) -> torch.nn
 
 
 def interleaved(cells: list, what: Callable[..., tuple], engine: str, args: argparse.Namespace,
-                device: torch.device) -> dict:
+                device: torch.device, done: Callable[[Any, DecodeResult], None] | None = None) -> dict:
     """Each cell's measurement, the cells taken in turn round by round (``what(cell)``: model, KV format, prompt
-    tokens); a cell's result holds every round's steps."""
+    tokens); a cell's result holds every round's steps. ``done(cell, result)`` is called as each cell's last round
+    ends (so a run stopped part way has printed what it measured)."""
     steps: dict = {cell: [] for cell in cells}
     result = {}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
         for cell in cells:
             model, kv, prompt = what(cell)
             result[cell] = measure_decode(model, kv, batch_size=args.batch_size, prompt_tokens=prompt,
                                           new_tokens=args.new_tokens, warmup_runs=1, prefill_repeats=1, seed=0,
                                           device=device, engine=engine)
             steps[cell] += result[cell].decode_ms
-    for cell, r in result.items():
-        r.decode_ms = steps[cell]
+            if round_ == args.rounds - 1:
+                result[cell].decode_ms = steps[cell]
+                if done is not None:
+                    done(cell, result[cell])
     return result
 
 
@@ -188,15 +191,19 @@ def roofline_row(result: DecodeResult, model: torch.nn.Module, prompt_tokens: in
 def run_engine(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.Module], bandwidth: float,
                device: torch.device) -> None:
     native = KV_FORMATS["native"].build()
-    result = interleaved(list(models), lambda name: (models[name], native, args.prompt_tokens), engine, args, device)
-    base = None
-    for name, model in models.items():
-        row = roofline_row(result[name], model, args.prompt_tokens, bandwidth, args)
-        base = base or row["tokens_per_s"]
+    base: list[float] = []
+
+    def show(name: str, result: DecodeResult) -> None:
+        model = models[name]
+        row = roofline_row(result, model, args.prompt_tokens, bandwidth, args)
+        base.append(base[0] if base else row["tokens_per_s"])  # the first format's speed (bf16 where listed first)
         kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
         spread = f"{row['decode_ms_per_token']:.2f} ({row['decode_ms_p10']:.2f}–{row['decode_ms_p90']:.2f})"
         print(f"{engine:<9} {name:<18} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e6:>10.1f} "
-              f"{spread:>24} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base:>7.2f}x {row['roofline_share']:>8.1%}")
+              f"{spread:>24} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base[0]:>7.2f}x "
+              f"{row['roofline_share']:>8.1%}", flush=True)
+
+    interleaved(list(models), lambda name: (models[name], native, args.prompt_tokens), engine, args, device, show)
 
 if __name__ == "__main__":
     main()

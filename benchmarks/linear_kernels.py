@@ -41,7 +41,7 @@ def kernels_for(w: torch.Tensor, device: torch.device, shape: str) -> list[tuple
     for name, bits, group in CASES:
         q = quantize_tensor(w, bits, group)
         for path, cls in KERNELS.items():
-            if not cls.supports(q, device, torch.bfloat16):
+            if not (isinstance(q, cls.tensor_type) and cls.supports(q, device, torch.bfloat16)):
                 continue
             try:
                 built.append((name, choose_kernel(q, device, torch.bfloat16, [path])))

@@ -1,5 +1,6 @@
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ import torch
 from quantlab import run_recipe, validate_recipe
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.files import read_jsonl
+from quantlab.paths import BUNDLED_DIR
+from tests.conftest import make_llama
 
 CPU = torch.device("cpu")
 WORKLOAD = {"batch_size": 1, "prompt_tokens": 16, "new_tokens": 4, "warmup_runs": 1, "prefill_repeats": 1, "engine": "eager"}
@@ -502,3 +505,43 @@ def test_each_variant_compares_the_copy_bandwidth_after_it_with_one_measured_jus
     rows = sorted(read_jsonl(out / "results.jsonl"), key=lambda r: r["memory_bandwidth_bytes_per_s"])
     pairs = [(r["memory_bandwidth_bytes_per_s"] // 10**9, r["memory_bandwidth_after_bytes_per_s"] // 10**9) for r in rows]
     assert pairs == [(10, 11), (12, 13)]  # the second variant's "before" is its own, not the sweep's first reading
+
+
+MICROSCALING_WEIGHTS = ["fp32", "mxfp4", "nvfp4", "mxfp8", {"format": "fp8", "block_size": 128},
+                        {"format": "nvfp4", "activations": "nvfp4"}, {"format": "fp8", "activations": "fp8"}]
+MICROSCALING_KV = ["native", "nvfp4", {"format": "int4", "group_size": 32, "residual_tokens": 8, "rotate": "hadamard"}]
+
+
+def _microscaling_rows(model_dir: Path, device: str, tmp_path: Path) -> dict[str, dict]:
+    recipe = validate_recipe({
+        "name": "microscaling-devices", "model": {"path": str(model_dir), "dtype": "float32"},
+        "weights": MICROSCALING_WEIGHTS, "kv_cache": MICROSCALING_KV, "workload": WORKLOAD, "device": device,
+        "evaluations": {"perplexity": {"protocol": "kv-chunked", "window_tokens": 128, "chunk_tokens": 32,
+                                       "max_tokens": 512, "text": "bundled-heldout"},
+                        "divergence": {"max_tokens": 512}},
+        "isolation": "none", "baseline": "fp32/kv-native"})
+    rows = read_jsonl(run_recipe(recipe, tmp_path / device, log=lambda _: None) / "results.jsonl")
+    return {r["variant"]: r for r in rows}
+
+
+@pytest.mark.gpu
+def test_the_microscaling_formats_measure_on_cuda_what_they_measure_on_cpu(tmp_path: Path) -> None:
+    """Weights MXFP4/NVFP4/MXFP8/block FP8 (weight-only and with rounded activations) and KV NVFP4 and rotated int4
+    run on CUDA with the bytes CPU holds and, in float32, the same perplexity and divergence (rounding codes on
+    either device is the same arithmetic; only the matmuls' summation order differs)."""
+    model_dir = tmp_path / "model"  # heads of 64: the rotated cache's Hadamard size
+    make_llama(hidden_size=256, intermediate_size=512, num_attention_heads=4).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUNDLED_DIR / "tiny-stdlib-llama" / name, model_dir / name)
+    cpu, cuda = _microscaling_rows(model_dir, "cpu", tmp_path), _microscaling_rows(model_dir, "cuda", tmp_path)
+    assert cuda.keys() == cpu.keys() and len(cuda) == len(MICROSCALING_WEIGHTS) * len(MICROSCALING_KV)
+    assert all(r["status"] == "ok" for r in cuda.values()), {k: r.get("error") for k, r in cuda.items()}
+    for name, row in cuda.items():
+        want = cpu[name]
+        for field in ("weight_bytes", "weight_bytes_analytic", "kv_cache_bytes", "kv_cache_bytes_analytic"):
+            assert row[field] == want[field], (name, field)
+        assert row["perplexity"] == pytest.approx(want["perplexity"], rel=2e-3), name
+        if want.get("kl_divergence_mean") is not None:  # the divergence rows (teacher-forced: native cache)
+            assert row["kl_divergence_mean"] == pytest.approx(want["kl_divergence_mean"], rel=0.05, abs=1e-5), name
+    kl = {name.split("/")[0]: row["kl_divergence_mean"] for name, row in cuda.items() if name.endswith("/kv-native")}
+    assert kl["fp32"] == 0 and kl["mxfp8"] < kl["mxfp4"] and kl["nvfp4"] < kl["nvfp4-anvfp4"]

@@ -70,6 +70,6 @@ class WeightTensor:
         """The same tensor (same class) with its storage on ``device``."""
         return dataclasses.replace(self, **{name: t.to(device) for name, t in self.tensors().items()})
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
         """The weight ``[out, in]`` as ``dtype``; ``rows`` selects a range of output rows."""
         raise NotImplementedError

@@ -47,7 +47,8 @@ class RowInt8(WeightTensor):
     def layout_nbytes(self) -> int:
         return self.shape[0] * self.shape[1] + 4 * self.shape[0]
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows
         return (self.codes[rows].float() * self.scales[rows]).to(dtype)
 
 

@@ -64,10 +64,12 @@ class FloatZeroTensor(WeightTensor):
     def layout_nbytes(self) -> int:
         return self.analytic_nbytes(self.shape, self.bits, self.group_size, self.scales.element_size())
 
-    def codes(self, rows: slice = slice(None)) -> torch.Tensor:
+    def codes(self, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         return unpack(self.packed[rows], self.bits, self.shape[1])
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         codes = self.codes(rows).float()
         n = codes.shape[0]
         grouped = codes.reshape(n, self.scales.shape[1], -1)

@@ -61,8 +61,9 @@ class QuantizedTensor(WeightTensor):
         """Scales as ``[out, n_groups]`` (a per-tensor scale repeated on every row)."""
         return self.scales.expand(self.shape[0], -1)
 
-    def row_zero_points(self, rows: slice = slice(None)) -> torch.Tensor:
+    def row_zero_points(self, rows: slice | None = None) -> torch.Tensor:
         """Zero points as ``[out, n_groups]`` (or those of ``rows``), built only for the rows asked for."""
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         if self.zeros is None:
             return torch.full_like(self.row_scales()[rows], 1 << (self.bits - 1), dtype=torch.uint8)
         if self.per_tensor:
@@ -85,8 +86,9 @@ class QuantizedTensor(WeightTensor):
             return torch.full(self.scales.shape, 1 << (self.bits - 1), dtype=torch.uint8, device=self.scales.device)
         return unpack(self.zeros, self.bits, self.n_groups)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
         """The weight ``[out, in]`` as ``dtype``; ``rows`` selects a range of output rows."""
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         n_in = self.shape[1]
         codes = unpack(self.packed[rows], self.bits, n_in)
         scales, zeros = self.row_scales()[rows], self.row_zero_points(rows)

@@ -116,10 +116,12 @@ class CodebookTensor(WeightTensor):
         scale = self.absmax_scale.repeat_interleave(SCALE_BLOCK)[: code.numel()]
         return code * scale + self.absmax_offset
 
-    def codes(self, rows: slice = slice(None)) -> torch.Tensor:
+    def codes(self, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         return unpack(self.packed[rows], 4, self.shape[1])
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         out, n_in = self.shape
         start, stop, _ = rows.indices(out)
         codes = self.codes(rows)

@@ -65,15 +65,17 @@ class Float8Tensor(WeightTensor):
     def layout_nbytes(self) -> int:
         return self.analytic_nbytes(self.shape, self.scales.shape[0] == 1 and self.shape[0] > 1, self.block_size)
 
-    def row_scales(self, rows: slice = slice(None)) -> torch.Tensor:
+    def row_scales(self, rows: slice | None = None) -> torch.Tensor:
         """The scale of each element's tile, ``[rows, in]`` (block form) or ``[rows, 1]``."""
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         if not self.block_size:
             return self.scales.expand(self.shape[0], 1)[rows]
         b = self.block_size
         tiles = self.scales.repeat_interleave(b, dim=0)[: self.shape[0]]
         return tiles[rows].repeat_interleave(b, dim=1)[:, : self.shape[1]]
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         return (self.data[rows].float() * self.row_scales(rows)).to(dtype)
 
 

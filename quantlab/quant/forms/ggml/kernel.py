@@ -71,8 +71,9 @@ def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | Non
     return blocks
 
 
-def dequantize_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int, rows: slice = slice(None)) -> torch.Tensor:
+def dequantize_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int, rows: slice | None = None) -> torch.Tensor:
     """The float32 weights ``[rows, in]`` of ggml blocks of a block type (ggml's dequantizer)."""
+    rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
     t = GGML_TYPES[ggml_type]
     start, stop, _ = rows.indices(blocks.shape[0])
     source = blocks.to("cpu").contiguous()

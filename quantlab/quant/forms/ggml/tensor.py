@@ -100,8 +100,9 @@ class GGMLBlockTensor(WeightTensor):
     def layout_nbytes(self) -> int:
         return self.analytic_nbytes(self.shape, self.ggml_type)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
         """gguf-py's decoder (numpy; ``kernel.py`` decodes with ggml's C, to the same numbers)."""
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         blocks = self.blocks[rows]
         if self.ggml_type == FLOAT_SUBSTITUTE:
             return blocks.contiguous().view(torch.float16).to(dtype)

@@ -90,13 +90,15 @@ class MXTensor(WeightTensor):
     def layout_nbytes(self) -> int:
         return self.analytic_nbytes(self.shape, self.element)
 
-    def element_values(self, rows: slice = slice(None)) -> torch.Tensor:
+    def element_values(self, rows: slice | None = None) -> torch.Tensor:
         """The elements ``[out, in]`` as float32, before their scales."""
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         if self.element == "e2m1":
             return e2m1_table(device=self.codes.device)[unpack_nibbles(self.codes[rows]).long()]
         return self.codes[rows].float()
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         return _blocks(self.element_values(rows), e8m0_to_float(self.scales[rows]), MX_BLOCK).to(dtype)
 
 
@@ -133,7 +135,8 @@ class NVFP4Tensor(WeightTensor):
     def layout_nbytes(self) -> int:
         return self.analytic_nbytes(self.shape)
 
-    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice = slice(None)) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: slice | None = None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
         values = e2m1_table(device=self.codes.device)[unpack_nibbles(self.codes[rows]).long()]
         scales = self.scales[rows].float() / self.global_scale.float()
         return _blocks(values, scales, NVFP4_BLOCK).to(dtype)
