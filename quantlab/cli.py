@@ -112,17 +112,21 @@ def _sensitivity(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from .estimate.fit import parse_bytes
     from .plan.command import run_plan
-    from .plan.planner import Workload
-    from .run.recipe import load_recipe
+    from .run.recipe import PlanSpec, load_recipe
 
-    memory = parse_bytes(args.memory, "--memory")
-    for flag, value in (("--context", args.context), ("--batch", args.batch), ("--kv-group-layers", args.kv_group_layers)):
-        if value < 1:
-            raise QuantlabError(f"{flag} must be at least 1 (got {value})")
     recipe = load_recipe(args.recipe)
+    given = {"memory_bytes": parse_bytes(args.memory, "--memory") if args.memory else None,
+             "context_tokens": args.context, "batch_size": args.batch, "kv_group_layers": args.kv_group_layers}
+    for flag, value in (("--context", args.context), ("--batch", args.batch), ("--kv-group-layers", args.kv_group_layers)):
+        if value is not None and value < 1:
+            raise QuantlabError(f"{flag} must be at least 1 (got {value})")
+    fields = {**(recipe.plan.model_dump() if recipe.plan else {}), **{k: v for k, v in given.items() if v is not None}}
+    for name, flag in (("memory_bytes", "--memory"), ("context_tokens", "--context")):
+        if name not in fields:
+            raise QuantlabError(f"{recipe.source}: plan.{name}: give {flag} or a plan: section with {name}")
+    spec = PlanSpec(**fields)
     out = args.out or Path("reports") / f"{recipe.name}-plan"
-    path = run_plan(recipe, Workload(memory, args.context, args.batch), out, kv_group_layers=args.kv_group_layers,
-                    log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
+    path = run_plan(recipe, spec, out, log=lambda msg: print(f"quantlab: {msg}", file=sys.stderr))
     print(path)
     return 0
 
@@ -362,11 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "Writes plan.md, plan.json and plan-recipe.yaml (the plan beside the baseline, for quantlab "
                           "run).", epilog=EXIT_CODES)
     plan.add_argument("recipe", help="recipe YAML file (its model, baseline, weight and KV formats, texts)")
-    plan.add_argument("--memory", required=True, help="the budget: 24GiB, 500MB or a byte count")
-    plan.add_argument("--context", type=int, required=True, help="positions held per sequence at the workload")
-    plan.add_argument("--batch", type=int, default=1, help="sequences held at once (default 1)")
-    plan.add_argument("--kv-group-layers", type=int, default=1,
-                      help="consecutive layers of one attention kind that share a KV format (default 1)")
+    plan.add_argument("--memory", default=None, help="the budget: 24GiB, 500MB or a byte count (default: the "
+                      "recipe's plan.memory_bytes)")
+    plan.add_argument("--context", type=int, default=None, help="positions held per sequence at the workload "
+                      "(default: the recipe's plan.context_tokens)")
+    plan.add_argument("--batch", type=int, default=None, help="sequences held at once (default: the recipe's "
+                      "plan.batch_size, else 1)")
+    plan.add_argument("--kv-group-layers", type=int, default=None,
+                      help="consecutive layers of one attention kind that share a KV format (default: the recipe's "
+                      "plan.kv_group_layers, else 1)")
     plan.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe>-plan)")
     plan.set_defaults(func=_plan)
     export = sub.add_parser("export", help="write a measured variant as GGUF, a GPTQ folder, ... for another engine",

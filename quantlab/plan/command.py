@@ -1,7 +1,7 @@
-"""``quantlab plan RECIPE --memory 24GiB --context 32768 --batch 8``: the recipe's model, baseline, weight and KV
-formats and texts, planned by ``planner`` into an output folder, with ``plan-recipe.yaml``: the recipe with the
-plan's weights and cache added to its own formats, so that ``quantlab run`` measures the plan, its weights and its
-cache alone, and every uniform configuration beside it."""
+"""``quantlab plan RECIPE --memory 24GiB --context 32768 --batch 8`` (or the recipe's ``plan:`` section): the
+recipe's model, baseline, weight and KV formats and texts, planned by ``planner`` into an output folder, with
+``plan-recipe.yaml``: the recipe with the plan's weights and cache added to its own formats, so that ``quantlab
+run`` measures the plan, its weights and its cache alone, and every uniform configuration beside it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,11 +10,12 @@ from typing import Any, Callable
 import torch
 
 from ..errors import QuantlabError
+from .overhead import Term, activation_bytes, runtime_bytes
 from .planner import Workload, deployable, plan_model, write_plan
 
 
-def run_plan(recipe: Any, workload: Workload, out: Path, scan_tokens: int = 2048, kv_window_tokens: int = 512,
-             kv_windows: int = 2, kv_group_layers: int = 1, log: Callable[[str], None] = lambda _: None) -> Path:
+def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lambda _: None) -> Path:
+    """Plan ``recipe`` under ``spec`` (a ``run.recipe.PlanSpec``: budget, workload and scan sizes) into ``out``."""
     import yaml
 
     from ..data import load_text, tokenize
@@ -34,12 +35,21 @@ def run_plan(recipe: Any, workload: Workload, out: Path, scan_tokens: int = 2048
     text = recipe.evaluations.perplexity.text if recipe.evaluations.perplexity else recipe.calibration.text
     ids = tokenize(loaded.tokenizer, load_text(text)) if loaded.tokenizer is not None else torch.cat(
         [s.reshape(-1) for s in calibration.samples])
-    window = min(kv_window_tokens, ids.numel() // kv_windows)
+    window = min(spec.kv_window_tokens, ids.numel() // spec.kv_windows)
     if window < 2:
-        raise QuantlabError(f"{text}: too short for {kv_windows} KV-scan windows")
-    result = plan_model(loaded.model, baseline, weight_formats, baseline_kv, kv_formats, calibration,
-                        scan_samples(calibration, scan_tokens), ids[: kv_windows * window].view(kv_windows, window),
-                        workload, kv_group_layers, log=log)
+        raise QuantlabError(f"{text}: too short for {spec.kv_windows} KV-scan windows")
+    model = loaded.model
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    device = next(model.parameters()).device
+    reserved = {"activations": activation_bytes(model.config, spec.batch_size, spec.context_tokens,
+                                                spec.prefill_chunk_tokens, dtype),
+                "runtime": runtime_bytes(device) if spec.runtime_bytes is None else
+                Term(spec.runtime_bytes, "given: the recipe's plan.runtime_bytes")}
+    workload = Workload(spec.memory_bytes, spec.context_tokens, spec.batch_size)
+    result = plan_model(model, baseline, weight_formats, baseline_kv, kv_formats, calibration,
+                        scan_samples(calibration, spec.scan_tokens),
+                        ids[: spec.kv_windows * window].view(spec.kv_windows, window), workload,
+                        spec.kv_group_layers, reserved=reserved, log=log)
     entries = deployable(result, baseline, weight_formats, baseline_kv, kv_formats)
     path = write_plan(result, entries, out)
     raw = yaml.safe_load(Path(recipe.source).read_text(encoding="utf-8"))

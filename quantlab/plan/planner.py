@@ -3,8 +3,9 @@ the least predicted divergence whose memory at a workload (``batch`` sequences o
 budget. The costs are measured: each weight group by the sensitivity scan (``quant.mixed.sensitivity``: the group
 alone in the format, KL over the baseline's top 128 tokens, a lower bound), each KV layer group through the cache
 (``kv_scan``: the whole vocabulary). The memory is the weights' layout bytes, every other parameter at its dtype,
-and the cache's bytes by each format's formula at the workload (``kv.format.layer_kv_bytes``); activations,
-workspace and runtime overhead are not included (the plan says so)."""
+the cache's bytes by each format's formula at the workload (``kv.format.layer_kv_bytes``), and the terms no
+choice changes that the caller reserves (``overhead``: the activations of the workload's largest forward and the
+runtime's own memory), each stated with how it was obtained."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from ..kv.format import KVFormat, layer_kv_bytes, layer_windows
 from ..quant.format import WeightFormat
 from .joint import Group, Option, Plan, choose_plan, frontier, uniform_plans
 from .kv_scan import CacheReference, kv_layer_scan
+from .overhead import Term
 
 
 @dataclass
@@ -33,12 +35,13 @@ class PlanResult:
     uniform: list[Plan]
     frontier: list[Plan]
     groups: list[Group]
-    fixed_bytes: int
+    fixed_bytes: int  # every parameter outside the planned linears (the reserved terms apart)
     workload: Workload
     weight_modules: dict[str, tuple[str, ...]]  # weight group name -> its linears
     weight_patterns: dict[str, tuple[str, ...]]  # weight group name -> the globs that select it (an override's)
     kv_layers: dict[str, tuple[int, ...]]  # KV group name -> its decoder layers
     provenance: dict[str, str] = field(default_factory=dict)
+    reserved: dict[str, Term] = field(default_factory=dict)  # activations, runtime: bytes no choice changes
 
 
 def kv_groups(config: Any, group_layers: int) -> list[tuple[int, ...]]:
@@ -70,9 +73,10 @@ def _fixed_bytes(model: torch.nn.Module, selected: list[str]) -> int:
 def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: list[WeightFormat],
                baseline_kv: KVFormat, kv_formats: list[KVFormat], calibration: Any, scan_samples: list[torch.Tensor],
                kv_windows: torch.Tensor, workload: Workload, kv_group_layers: int = 1, chunk_tokens: int = 64,
-               log: Callable[[str], None] = lambda _: None) -> PlanResult:
+               reserved: dict[str, Term] | None = None, log: Callable[[str], None] = lambda _: None) -> PlanResult:
     """Measure every option's divergence and bytes, then choose. ``scan_samples``: the weight scan's windows;
-    ``kv_windows``: ``[n, window]`` token ids fed through the cache for the KV scan."""
+    ``kv_windows``: ``[n, window]`` token ids fed through the cache for the KV scan; ``reserved``: memory beside
+    the parameters and the cache that no choice changes (``overhead``), held out of the budget."""
     from ..quant.apply import select_linears
     from ..quant.mixed.groups import group_linears
     from ..quant.mixed.sensitivity import scan
@@ -107,7 +111,9 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
                           0.0 if f is baseline_kv else kv_cost[(lay, f.label)]) for f in [baseline_kv, *kv_formats]]
         groups.append(Group(f"kv layers {'-'.join(map(str, (lay[0], lay[-1]))) if len(lay) > 1 else lay[0]}", "kv",
                             tuple(options)))
-    fixed = _fixed_bytes(model, selected)
+    reserved = dict(reserved or {})
+    parameters = _fixed_bytes(model, selected)
+    fixed = parameters + sum(t.bytes for t in reserved.values())
     plan = choose_plan(groups, workload.memory_bytes, fixed)
     smallest = fixed + sum(min(o.bytes for o in g.options) for g in groups)
     largest = fixed + sum(max(o.bytes for o in g.options) for g in groups)
@@ -120,14 +126,16 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
               f"tokens; the workload's context is {workload.context_tokens} (a shorter scan context is an "
               "extrapolation)",
         "memory": "weights by each format's layout formula, other parameters at their dtype, the cache by each "
-                  "format's formula at the workload (sliding layers at their window); activations, workspace and "
-                  "runtime overhead not included",
+                  "format's formula at the workload (sliding layers at their window)"
+                  + "".join(f"; {name} {t.method}" for name, t in reserved.items())
+                  + ("" if "activations" in reserved else "; activations and workspace not included")
+                  + ("" if "runtime" in reserved else "; runtime overhead not included"),
         "prediction": "the sum of the chosen options' KL (additivity assumed: measure the plan to check it)",
     }
     return PlanResult(plan, uniform_plans(groups, workload.memory_bytes, fixed), frontier(groups, budgets, fixed),
-                      groups, fixed, workload, {f"weights {g.name}": g.modules for g in weight_groups},
+                      groups, parameters, workload, {f"weights {g.name}": g.modules for g in weight_groups},
                       {f"weights {g.name}": g.patterns for g in weight_groups},
-                      {g.name: lay for g, lay in zip(groups[len(weight_groups):], layers)}, provenance)
+                      {g.name: lay for g, lay in zip(groups[len(weight_groups):], layers)}, provenance, reserved)
 
 
 def deployable(result: PlanResult, baseline: WeightFormat, weight_formats: list[WeightFormat],
@@ -158,23 +166,33 @@ def deployable(result: PlanResult, baseline: WeightFormat, weight_formats: list[
 
 
 def write_plan(result: PlanResult, entries: dict[str, Any], out: Path) -> Path:
-    """plan.md (the choice, its memory by kind beside the budget, the uniform configurations, the frontier and how
-    every figure was obtained), plan.json and plan-entries.yaml (its weight and KV entries, as a recipe writes
-    them)."""
+    """plan.md (the frontier figure, the format of each layer's weights and cache, the memory by term beside the
+    budget, the choice per group, the uniform configurations, the frontier and how every figure was obtained),
+    plan-frontier.svg, plan.json and plan-entries.yaml (its weight and KV entries, as a recipe writes them)."""
     import json
 
     import yaml
 
     from ..files import atomic_write_text
+    from .report import frontier_svg, layer_map
 
     out.mkdir(parents=True, exist_ok=True)
     w = result.workload
     mib = 2 ** 20
+    kinds = result.plan.bytes_by_kind
     lines = [f"# Plan: {w.batch_size} x {w.context_tokens:,} positions within {w.memory_bytes / mib:,.1f} MiB", "",
              f"Predicted mean KL **{result.plan.predicted_kl_nats:.5f} nats**, memory "
-             f"**{result.plan.total_bytes / mib:,.1f} MiB** (weights {result.plan.bytes_by_kind.get('weights', 0) / mib:,.1f}, "
-             f"KV cache {result.plan.bytes_by_kind.get('kv', 0) / mib:,.1f}, other parameters "
-             f"{result.fixed_bytes / mib:,.1f}).", "", "| group | format | MiB | KL (nats) |", "|---|---|---|---|"]
+             f"**{result.plan.total_bytes / mib:,.1f} MiB** at the workload.", "",
+             "![memory against predicted KL](plan-frontier.svg)", "", "## Layers", "", *layer_map(result)]
+    memory = [("weights (planned linears)", kinds.get("weights", 0), "each format's layout formula"),
+              ("KV cache", kinds.get("kv", 0), f"each layer's format at {w.batch_size} x {w.context_tokens:,} positions, "
+               "sliding layers at their window"),
+              ("other parameters", result.fixed_bytes, "at their dtype (embedding, norms, an untied head)")]
+    memory += [(name, t.bytes, t.method) for name, t in result.reserved.items()]
+    lines += ["", "## Memory at the workload", "", "| term | MiB | how |", "|---|---:|---|"]
+    lines += [f"| {name} | {b / mib:,.1f} | {how} |" for name, b, how in memory]
+    lines += [f"| **total** | **{result.plan.total_bytes / mib:,.1f}** | the budget: {w.memory_bytes / mib:,.1f} |"]
+    lines += ["", "## Choice per group", "", "| group | format | MiB | KL (nats) |", "|---|---|---|---|"]
     lines += [f"| {name} | {o.label} | {o.bytes / mib:,.2f} | {o.kl_nats:.5f} |" for name, o in result.plan.choice.items()]
     lines += ["", "## Uniform configurations", "", "| weights | KV cache | MiB | fits | predicted KL |", "|---|---|---|---|---|"]
     lines += [f"| {u.uniform[0]} | {u.uniform[1]} | {u.total_bytes / mib:,.1f} | "
@@ -183,6 +201,7 @@ def write_plan(result: PlanResult, entries: dict[str, Any], out: Path) -> Path:
     lines += ["", "## Frontier", "", "| budget MiB | memory MiB | predicted KL |", "|---|---|---|"]
     lines += [f"| {p.budget_bytes / mib:,.1f} | {p.total_bytes / mib:,.1f} | {p.predicted_kl_nats:.5f} |"
               for p in result.frontier]
+    atomic_write_text(out / "plan-frontier.svg", frontier_svg(result))
     lines += ["", "## How the figures were obtained", ""] + [f"- {k}: {v}" for k, v in result.provenance.items()]
     lines += ["", "Measure it: `quantlab run plan-recipe.yaml` (the plan beside the recipe's own formats).", ""]
     atomic_write_text(out / "plan.md", "\n".join(lines))
@@ -190,6 +209,7 @@ def write_plan(result: PlanResult, entries: dict[str, Any], out: Path) -> Path:
         "workload": {"memory_bytes": w.memory_bytes, "context_tokens": w.context_tokens, "batch_size": w.batch_size},
         "predicted_kl_nats": result.plan.predicted_kl_nats, "total_bytes": result.plan.total_bytes,
         "bytes_by_kind": result.plan.bytes_by_kind, "exact": result.plan.exact,
+        "reserved": {name: {"bytes": t.bytes, "method": t.method} for name, t in result.reserved.items()},
         "choice": {k: {"format": o.label, "bytes": o.bytes, "kl_nats": o.kl_nats} for k, o in result.plan.choice.items()},
         "uniform": [{"weights": u.uniform[0], "kv_cache": u.uniform[1], "total_bytes": u.total_bytes,
                      "predicted_kl_nats": u.predicted_kl_nats} for u in result.uniform if u.uniform],

@@ -206,6 +206,19 @@ class ExportSpec(Strict):
         return to
 
 
+def byte_size(v: Any) -> Any:
+    """A size field's value: ``8GiB``, ``500MB`` or a byte count as a string becomes bytes; anything else is left to
+    the field's type."""
+    if isinstance(v, str):
+        from ..estimate.fit import parse_bytes
+
+        try:
+            return parse_bytes(v, "size")
+        except QuantlabError as e:
+            raise ValueError(str(e).removeprefix("size: ")) from None
+    return v
+
+
 class ReportSpec(Strict):
     """What the report's answer is judged by: the quality tolerance against the baseline and the byte budget."""
 
@@ -222,14 +235,29 @@ class ReportSpec(Strict):
     @field_validator("budget_bytes", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            from ..estimate.fit import parse_bytes
+        return byte_size(v)
 
-            try:
-                return parse_bytes(v, "report.budget_bytes")
-            except QuantlabError as e:
-                raise ValueError(str(e).removeprefix("report.budget_bytes: ")) from None
-        return v
+
+class PlanSpec(Strict):
+    """``quantlab plan``'s workload, budget and scans (its command-line flags, where given, take precedence)."""
+
+    memory_bytes: int = Field(gt=0, description="the budget the weights, the cache, the activations and the runtime "
+                              "share: bytes, or a size such as 24GiB")
+    context_tokens: int = Field(ge=1, description="positions each sequence holds at the workload")
+    batch_size: int = Field(1, ge=1, description="sequences held at once")
+    prefill_chunk_tokens: int = Field(512, ge=1, description="tokens a forward takes at once when the prompt is "
+                                      "read (llama.cpp's default micro-batch): sizes the activations term")
+    runtime_bytes: int | None = Field(None, ge=0, description="the runtime's own memory where the plan is deployed "
+                                      "(a size such as 1GiB); default: measured on this machine")
+    kv_group_layers: int = Field(1, ge=1, description="consecutive layers of one attention kind that share a KV format")
+    scan_tokens: int = Field(2048, ge=16, description="calibration tokens the weight scan scores each choice on")
+    kv_window_tokens: int = Field(512, ge=16, description="length of each window the KV scan feeds through the cache")
+    kv_windows: int = Field(2, ge=1, description="windows the KV scan feeds through the cache")
+
+    @field_validator("memory_bytes", "runtime_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return byte_size(v)
 
 
 class Recipe(Strict):
@@ -257,6 +285,8 @@ class Recipe(Strict):
                                      "deployable folders written under exports/ from each measured variant")
     report: ReportSpec = Field(default_factory=ReportSpec, description="the tolerance and budget the report's "
                                "answer is judged by")
+    plan: PlanSpec | None = Field(None, description="quantlab plan's budget and workload: {memory_bytes, "
+                                  "context_tokens, batch_size, ...}")
     seed: int = 0
     _source: str = PrivateAttr("<recipe>")  # the file it was read from, for error messages
 

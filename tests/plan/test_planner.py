@@ -83,8 +83,20 @@ def test_the_plan_deploys_as_recipe_entries(planned, tmp_path: Path) -> None:
                 assert found.label == option.label
     path = write_plan(result, entries, tmp_path)
     text = path.read_text()
-    assert f"{result.plan.predicted_kl_nats:.5f}" in text and "activations, workspace and runtime overhead not" in text
+    assert f"{result.plan.predicted_kl_nats:.5f}" in text and "activations and workspace not included" in text
     assert (tmp_path / "plan.json").exists() and (tmp_path / "plan-entries.yaml").exists()
+    svg = (tmp_path / "plan-frontier.svg").read_text()
+    assert svg.startswith("<svg") and "plan-frontier.svg" in text
+    uniform = [u for u in result.uniform if u.uniform]
+    assert sum(f"point-label-{i}" in svg for i in range(len(uniform))) >= 1  # the uniform points are labelled
+    rows = [line for line in text.split("## Layers")[1].split("##")[0].splitlines() if line.startswith("| ") and
+            line[2].isdigit()]
+    assert len(rows) == model.config.num_hidden_layers  # one row per decoder layer: its weights, its cache
+    for row in rows:
+        layer, weight_label, kv_label = (c.strip() for c in row.strip("|").split("|"))
+        group = next(g for g, mods in result.weight_modules.items() if any(f".layers.{layer}." in m for m in mods))
+        kv_group = next(g for g, lays in result.kv_layers.items() if int(layer) in lays)
+        assert weight_label == result.plan.choice[group].label and kv_label == result.plan.choice[kv_group].label
 
 
 def test_kv_groups_keep_attention_kinds_apart() -> None:
@@ -112,7 +124,7 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
     import yaml
 
     from quantlab.plan.command import run_plan
-    from quantlab.run.recipe import load_recipe
+    from quantlab.run.recipe import PlanSpec, load_recipe
 
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text(yaml.safe_dump({
@@ -122,9 +134,19 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
         "evaluations": {"perplexity": {"protocol": "kv-chunked", "window_tokens": 64, "chunk_tokens": 32,
                                        "text": "bundled-heldout"}},
         "calibration": {"text": "bundled-heldout", "samples": 2, "seq_len": 64, "seed": 0}, "baseline": "fp32"}))
-    path = run_plan(load_recipe(recipe_file), Workload(9 * MIB, 512, 4), tmp_path / "plan", scan_tokens=128,
-                    kv_window_tokens=64, kv_windows=1, kv_group_layers=6)
+    spec = PlanSpec(memory_bytes=10 * MIB + (1 << 19), context_tokens=512, batch_size=4, prefill_chunk_tokens=16,
+                    runtime_bytes=MIB, scan_tokens=128, kv_window_tokens=64, kv_windows=1, kv_group_layers=6)
+    path = run_plan(load_recipe(recipe_file), spec, tmp_path / "plan")
     assert path.name == "plan.md"
+    import json
+
+    found = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    reserved = found["reserved"]
+    assert reserved["runtime"]["bytes"] == MIB and reserved["activations"]["method"].startswith("analytic")
+    by_kind = found["bytes_by_kind"]  # the reserved terms are held out of the budget, beside the parameters
+    assert found["total_bytes"] == by_kind["fixed"] + by_kind["weights"] + by_kind["kv"] <= spec.memory_bytes
+    assert by_kind["fixed"] >= MIB + reserved["activations"]["bytes"]
+    assert "| runtime | 1.0 | given: the recipe's plan.runtime_bytes |" in path.read_text()
     planned = load_recipe(tmp_path / "plan" / "plan-recipe.yaml")
     weights, kvs = [w.label for w in planned.weights], [k.label for k in planned.kv_cache]
     assert weights[:2] == ["fp32", "int4-g32-asym"] and len(weights) == 3  # the recipe's own, then the plan's
@@ -139,3 +161,56 @@ def json_choice(path: Path) -> dict:
     from types import SimpleNamespace
 
     return {k: SimpleNamespace(label=v["format"]) for k, v in json.loads(path.read_text())["choice"].items()}
+
+
+def test_the_activations_term_is_the_largest_forward_s_layer_and_the_logits() -> None:
+    from transformers import Gemma3TextConfig, LlamaConfig
+
+    from quantlab.plan.overhead import activation_bytes
+
+    llama = LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                        vocab_size=49152, num_hidden_layers=30)
+    t, d_head = 512, 64  # SmolLM2-135M at 8 x 8,192: the scores (9 heads x 512 x 8,192 float32) dominate
+    scores = 9 * t * 8192 * 4 + t * (9 + 6) * d_head * 2
+    want = 2 * t * 576 * 2 + max(scores, 3 * t * 1536 * 2) + 8 * 49152 * 4
+    assert activation_bytes(llama, 8, 8192, 512, torch.bfloat16).bytes == want
+    # a short context: the MLP is the larger; a decode batch wider than the chunk sets the tokens
+    short = activation_bytes(llama, 1024, 16, 512, torch.float32).bytes
+    assert short == 2 * 1024 * 576 * 4 + 3 * 1024 * 1536 * 4 + 1024 * 49152 * 4
+    # sliding layers attend their window; one global layer attends the whole context
+    gemma = Gemma3TextConfig(num_hidden_layers=6, sliding_window=64, vocab_size=256, hidden_size=64,
+                             intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    with_global = activation_bytes(gemma, 1, 4096, 32, torch.float32)
+    gemma.layer_types = ["sliding_attention"] * 6
+    only_sliding = activation_bytes(gemma, 1, 4096, 32, torch.float32)
+    residual, logits, qkv = 2 * 32 * 64 * 4, 256 * 4, 32 * (2 + 2) * 32 * 4
+    assert with_global.bytes == residual + qkv + 2 * 32 * 4096 * 4 + logits
+    assert only_sliding.bytes == residual + 3 * 32 * 128 * 4 + logits  # 64 keys: the MLP is the larger
+    assert "4,096 keys" in with_global.method and "64 keys" in only_sliding.method
+
+
+def test_the_runtime_term_is_measured_in_a_fresh_process() -> None:
+    from quantlab.plan.overhead import runtime_bytes
+
+    term = runtime_bytes(torch.device("cpu"))
+    assert term.method.startswith("measured") and 50 * MIB < term.bytes < 4096 * MIB  # torch alone is ~100s of MB
+
+
+def test_plan_takes_the_recipe_s_plan_section_and_says_what_is_missing(tmp_path: Path, capsys) -> None:
+    import yaml
+
+    from quantlab.run.recipe import load_recipe
+
+    raw = yaml.safe_load(Path("recipes/quickstart.yaml").read_text())
+    with_plan = tmp_path / "with-plan.yaml"
+    with_plan.write_text(yaml.safe_dump({**raw, "plan": {"memory_bytes": "1.5GiB", "context_tokens": 4096}}))
+    spec = load_recipe(with_plan).plan
+    assert spec.memory_bytes == 3 * 2 ** 29 and spec.batch_size == 1 and spec.runtime_bytes is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**raw, "plan": {"memory_bytes": "lots", "context_tokens": 4096}}))
+    assert main(["plan", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plan.memory_bytes" in err and "80GiB" in err and "\n" not in err
+    assert main(["plan", "recipes/quickstart.yaml", "--memory", "1GiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plan.context_tokens: give --context or a plan: section" in err and "\n" not in err
