@@ -37,6 +37,12 @@ class KVFormat(BaseModel):
         """What to install when a package this format needs is missing, or None; asked before a run starts."""
         return None
 
+    def serving_caches(self) -> dict[str, tuple[str, bool]]:
+        """The cache type a serving engine would hold this format's layers in: engine name (``llama.cpp``,
+        ``vllm``) -> (its type name, whether it stores what this format stores); an engine it has none in is
+        absent."""
+        return {}
+
     def check_positions(self, positions: int) -> tuple[str, str] | None:
         """``(field, problem)`` when a cache holding at most ``positions`` positions (the run's longest generation
         or cache-read window) would store none of them in this format, or None."""

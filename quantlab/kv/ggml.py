@@ -28,6 +28,10 @@ class KVGGML(PackedKVFormat):
     def residual_tokens(self) -> int:
         return 0  # llama.cpp stores every position in the cache type
 
+    def serving_caches(self) -> dict[str, tuple[str, bool]]:
+        # llama.cpp rotates a quantized cache whose head size is a multiple of 64 unless LLAMA_ATTN_ROT_DISABLE is set
+        return {"llama.cpp": (self.type, self.rotate == "hadamard"), "vllm": ("fp8", False)}
+
     def check(self, config: PretrainedConfig) -> str | None:
         head_dim = attention_shape(config)[2]
         if head_dim % BLOCK:

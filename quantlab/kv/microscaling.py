@@ -31,6 +31,9 @@ class KVMicroscaling(PackedKVFormat):
         residual = f"-r{self.residual_tokens}" if self.residual_tokens else ""
         return f"{self.element}{residual}{self.rotation_label}"
 
+    def serving_caches(self) -> dict[str, tuple[str, bool]]:
+        return {"llama.cpp": ("q8_0" if self.element == "mxfp8" else "q4_0", False), "vllm": ("fp8", False)}
+
     def check(self, config: PretrainedConfig) -> str | None:
         from .packed import ELEMENTS
 

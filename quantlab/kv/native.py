@@ -18,6 +18,9 @@ class NativeKV(KVFormat):
     def label(self) -> str:
         return "native"
 
+    def serving_caches(self) -> dict[str, tuple[str, bool]]:
+        return {"llama.cpp": ("f16", True), "vllm": ("auto", True)}  # the model's dtype (llama.cpp: f16 by default)
+
     def make_cache(self, config: PretrainedConfig, max_cache_len: int | None = None) -> Cache:
         if max_cache_len is not None:
             from transformers import Cache

@@ -154,6 +154,12 @@ class KVCast(PackedKVFormat):
     def calibrates(self) -> bool:
         return self.scales != "position"
 
+    def serving_caches(self) -> dict[str, tuple[str, bool]]:
+        if self.dtype == "float8_e4m3fn":  # vLLM's fp8 cache: static per-layer (or per-head) scales
+            return {"llama.cpp": ("q8_0", False), "vllm": ("fp8", self.scales != "position" and self.rotate == "none")}
+        return {"llama.cpp": ({"float32": "f32", "bfloat16": "bf16"}.get(self.dtype, "f16"), True),
+                "vllm": ("auto", False)}
+
     def calibrated(self, model: torch.nn.Module, samples: list[torch.Tensor], source: str = "") -> "KVCast":
         """Static scales ``max|x| / 448`` per layer and KV head (``scales: head``) or per layer (``layer``), over
         every position ``samples`` put in the cache (rotated first under ``rotate``)."""
@@ -223,6 +229,9 @@ class KVInt(PackedKVFormat):
     def label(self) -> str:
         keys = "kc" if self.key_axis == "channel" else "g"
         return f"int{self.bits}-{keys}{self.group_size}-r{self.residual_tokens}{self.rotation_label}"
+
+    def serving_caches(self) -> dict[str, tuple[str, bool]]:
+        return {"llama.cpp": ("q8_0" if self.bits >= 8 else "q4_0", False), "vllm": ("fp8", False)}
 
     def check(self, config: PretrainedConfig) -> str | None:
         head_dim = attention_shape(config)[2]

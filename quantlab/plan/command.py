@@ -20,9 +20,12 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
 
     from ..data import load_text, tokenize
     from ..files import atomic_write_text
+    from ..kv.format import layer_windows
     from ..quant.mixed.sensitivity import scan_samples
     from ..run.lifecycle import load_unquantized_baseline
+    from ..run.recipe import load_recipe
     from ..run.sensitivity import beside_baseline
+    from .serve import serve_lines
 
     baseline = recipe.baseline_variant.weight
     baseline_kv = recipe.baseline_variant.kv
@@ -51,7 +54,6 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
                         ids[: spec.kv_windows * window].view(spec.kv_windows, window), workload,
                         spec.kv_group_layers, reserved=reserved, log=log)
     entries = deployable(result, baseline, weight_formats, baseline_kv, kv_formats)
-    path = write_plan(result, entries, out)
     raw = yaml.safe_load(Path(recipe.source).read_text(encoding="utf-8"))
     # the plan beside the recipe's own formats: every weight x KV pair is measured, the uniform ones among them
     from ..kv.per_layer import build_kv_format
@@ -61,5 +63,11 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
     new_kv = [] if build_kv_format(entries["kv_cache"]) in recipe.kv_cache else [entries["kv_cache"]]  # a uniform one
     raw.update({"name": f"{recipe.name}-plan", "weights": [*(raw.get("weights") or [baseline.label]), *new_weights],
                 "kv_cache": [*(raw.get("kv_cache") or ["native"]), *new_kv]})
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
-    return path
+    planned_weights, planned_kv = build_format(entries["weights"]), build_kv_format(entries["kv_cache"])
+    variant = next(v.label for v in load_recipe(out / "plan-recipe.yaml").variants()
+                   if v.weight == planned_weights and v.kv == planned_kv)
+    layers = len(layer_windows(model.config))
+    return write_plan(result, entries, out, serve_lines(variant, planned_kv, layers, spec.context_tokens,
+                                                        spec.batch_size))

@@ -165,10 +165,11 @@ def deployable(result: PlanResult, baseline: WeightFormat, weight_formats: list[
     return {"weights": weights, "kv_cache": kv}
 
 
-def write_plan(result: PlanResult, entries: dict[str, Any], out: Path) -> Path:
+def write_plan(result: PlanResult, entries: dict[str, Any], out: Path, serve: list[str] | None = None) -> Path:
     """plan.md (the frontier figure, the format of each layer's weights and cache, the memory by term beside the
     budget, the choice per group, the uniform configurations, the frontier and how every figure was obtained),
-    plan-frontier.svg, plan.json and plan-entries.yaml (its weight and KV entries, as a recipe writes them)."""
+    how to serve it (``serve``: ``serve.serve_lines``), plan-frontier.svg, plan.json and plan-entries.yaml (its
+    weight and KV entries, as a recipe writes them)."""
     import json
 
     import yaml
@@ -202,8 +203,11 @@ def write_plan(result: PlanResult, entries: dict[str, Any], out: Path) -> Path:
     lines += [f"| {p.budget_bytes / mib:,.1f} | {p.total_bytes / mib:,.1f} | {p.predicted_kl_nats:.5f} |"
               for p in result.frontier]
     atomic_write_text(out / "plan-frontier.svg", frontier_svg(result))
+    lines += ["", *serve] if serve else []
     lines += ["", "## How the figures were obtained", ""] + [f"- {k}: {v}" for k, v in result.provenance.items()]
-    lines += ["", "Measure it: `quantlab run plan-recipe.yaml` (the plan beside the recipe's own formats).", ""]
+    if not serve:
+        lines += ["", "Measure it: `quantlab run plan-recipe.yaml` (the plan beside the recipe's own formats)."]
+    lines += [""]
     atomic_write_text(out / "plan.md", "\n".join(lines))
     atomic_write_text(out / "plan.json", json.dumps({
         "workload": {"memory_bytes": w.memory_bytes, "context_tokens": w.context_tokens, "batch_size": w.batch_size},

@@ -154,6 +154,10 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
     chosen_kv = {o.label for name, o in json_choice(tmp_path / "plan" / "plan.json").items() if name.startswith("kv")}
     assert len(kvs) == (2 if len(chosen_kv) == 1 else 3)
     assert planned.baseline_label == "fp32/kv-native" and len(planned.variants()) == len(weights) * len(kvs)
+    import re
+
+    served = re.search(r"--variant '([^']+)' --to gguf", path.read_text())  # the export names the plan's variant
+    assert served and served.group(1) in [v.label for v in planned.variants()] and served.group(1) != "fp32/kv-native"
 
 
 def json_choice(path: Path) -> dict:

@@ -1,0 +1,80 @@
+"""How to serve a plan: the commands that measure it whole, export its weights, and run it in llama.cpp and vLLM,
+with the cache each engine can hold. llama.cpp holds one cache type in every layer (``-ctk``/``-ctv``); vLLM holds
+fp8 in every layer but those it skips (``--kv-cache-dtype-skip-layers``, kept in the model's dtype). Each KV format
+says which type an engine would hold it in and whether that type stores what it stores (``serving_caches``);
+where the engine cannot hold the plan's cache, the command shows the nearest it can and the plan says how it
+differs."""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..kv.format import KVFormat
+
+# llama.cpp's cache types from the fewest bytes per element to the most
+LLAMA_CPP_ORDER = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1", "q8_0", "bf16", "f16", "f32")
+
+
+def layer_formats(kv: KVFormat, layers: int) -> list[KVFormat]:
+    """The format each decoder layer's cache is in (a per-layer format's own choice, else the one format)."""
+    of = getattr(kv, "format_of", None)
+    return [of(i) if of else kv for i in range(layers)]
+
+
+def llama_cpp_cache(formats: list[KVFormat]) -> tuple[str, str]:
+    """llama.cpp's cache type for the plan, and what it holds beside the plan's cache."""
+    types = [f.serving_caches().get("llama.cpp") for f in formats]
+    missing = sorted({f.label for f, t in zip(formats, types) if t is None})
+    if missing:
+        return "f16", f"llama.cpp has no cache type for {', '.join(missing)}: f16 shown"
+    count = Counter(t[0] for t in types if t is not None)
+    if len(count) == 1:
+        name = next(iter(count))
+        inexact = sorted({f.label for f, t in zip(formats, types) if t is not None and not t[1]})
+        return name, ("the plan's cache" if not inexact else
+                      f"the nearest llama.cpp type to {', '.join(inexact)} (same bits, its own blocks and scales)")
+    smallest = min(count, key=lambda n: LLAMA_CPP_ORDER.index(n) if n in LLAMA_CPP_ORDER else len(LLAMA_CPP_ORDER))
+    kept = ", ".join(f"{n} in {c}" for n, c in count.most_common())
+    return smallest, (f"llama.cpp holds one type in every layer: the plan's smallest, {smallest}, for all "
+                      f"{len(formats)} layers (the plan: {kept}), so more divergence and less memory than planned")
+
+
+def vllm_cache(formats: list[KVFormat]) -> tuple[str, list[int], str]:
+    """vLLM's ``--kv-cache-dtype``, the layers it skips (kept in the model's dtype), and how it differs."""
+    types = [f.serving_caches().get("vllm") for f in formats]
+    missing = sorted({f.label for f, t in zip(formats, types) if t is None})
+    if missing:
+        return "auto", [], f"vLLM has no cache type for {', '.join(missing)}: the model's dtype shown"
+    skip = [i for i, t in enumerate(types) if t is not None and t[0] == "auto"]
+    if len(skip) == len(formats):
+        return "auto", [], "the plan's cache (the model's dtype)"
+    inexact = sorted({f.label for f, t in zip(formats, types) if t is not None and t[0] != "auto" and not t[1]})
+    note = "the plan's cache" if not inexact else f"fp8, vLLM's nearest to {', '.join(inexact)}"
+    return "fp8", skip, note
+
+
+def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, batch_size: int) -> list[str]:
+    """plan.md's section on measuring, exporting and serving the plan (``variant``: its label in plan-recipe.yaml)."""
+    formats = layer_formats(kv, layers)
+    ctk, llama_note = llama_cpp_cache(formats)
+    dtype, skip, vllm_note = vllm_cache(formats)
+    fa = " -fa on" if ctk not in ("f16", "bf16", "f32") else ""  # a quantized V cache needs flash attention
+    vllm = (f"vllm serve plan-ct --max-model-len {context_tokens} --max-num-seqs {batch_size}"
+            + (f" --kv-cache-dtype {dtype}" if dtype != "auto" else "")
+            + (f" --kv-cache-dtype-skip-layers {' '.join(map(str, skip))}" if dtype != "auto" and skip else ""))
+    return [
+        "## Serving it", "",
+        "Measure the plan whole (its KL beside the prediction, every uniform configuration beside it), then export "
+        "the measured weights and serve them:", "",
+        "```",
+        "quantlab run plan-recipe.yaml --out runs/plan",
+        f"quantlab export runs/plan --variant '{variant}' --to gguf --out plan-gguf",
+        f"quantlab export runs/plan --variant '{variant}' --to compressed-tensors --out plan-ct",
+        f"llama-server -m plan-gguf/model.gguf -c {context_tokens * batch_size} -np {batch_size}{fa} "
+        f"-ctk {ctk} -ctv {ctk}",
+        vllm,
+        "```", "",
+        f"- llama.cpp's cache: {llama_note}.",
+        f"- vLLM's cache: {vllm_note}.",
+        "- An export refuses, with its reason, a weight format that has no form in the target.",
+    ]
+
