@@ -116,7 +116,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe)
     given = {"memory_bytes": parse_bytes(args.memory, "--memory") if args.memory else None,
-             "context_tokens": args.context, "batch_size": args.batch, "kv_group_layers": args.kv_group_layers}
+             "context_tokens": args.context, "batch_size": args.batch, "kv_group_layers": args.kv_group_layers,
+             "measure": False if args.no_measure else None}
     for flag, value in (("--context", args.context), ("--batch", args.batch), ("--kv-group-layers", args.kv_group_layers)):
         if value is not None and value < 1:
             raise QuantlabError(f"{flag} must be at least 1 (got {value})")
@@ -375,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--kv-group-layers", type=int, default=None,
                       help="consecutive layers of one attention kind that share a KV format (default: the recipe's "
                       "plan.kv_group_layers, else 1)")
+    plan.add_argument("--no-measure", action="store_true", help="skip applying the plan and the uniform "
+                      "configurations that fit whole to measure them (the recipe's plan.measure)")
     plan.add_argument("--out", type=Path, default=None, help="output folder (default: reports/<recipe>-plan)")
     plan.set_defaults(func=_plan)
     export = sub.add_parser("export", help="write a measured variant as GGUF, a GPTQ folder, ... for another engine",

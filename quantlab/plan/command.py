@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import QuantlabError
+from .measure import Measured, measure_whole
 from .overhead import Term, activation_bytes, runtime_bytes
 from .planner import Workload, deployable, plan_model, write_plan
 
@@ -54,6 +55,8 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
                         ids[: spec.kv_windows * window].view(spec.kv_windows, window), workload,
                         spec.kv_group_layers, reserved=reserved, log=log)
     entries = deployable(result, baseline, weight_formats, baseline_kv, kv_formats)
+    if spec.measure:
+        measure_plan(result, model, entries, [baseline, *weight_formats], [baseline_kv, *kv_formats], calibration, log)
     raw = yaml.safe_load(Path(recipe.source).read_text(encoding="utf-8"))
     # the plan beside the recipe's own formats: every weight x KV pair is measured, the uniform ones among them
     from ..kv.per_layer import build_kv_format
@@ -71,3 +74,22 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
     layers = len(layer_windows(model.config))
     return write_plan(result, entries, out, serve_lines(variant, planned_kv, layers, spec.context_tokens,
                                                         spec.batch_size))
+
+
+def measure_plan(result: Any, model: torch.nn.Module, entries: dict[str, Any], weights: list[Any], kvs: list[Any],
+                 calibration: Any, log: Callable[[str], None]) -> None:
+    """The plan and every uniform configuration that fits, each applied whole and measured through the cache
+    (``measure.measure_whole``), into ``result.measured``."""
+    from ..kv.per_layer import build_kv_format
+    from ..quant.format import build_format
+
+    weight_by = {getattr(f, "scheme_label", f.label): f for f in weights} | {weights[0].label: weights[0]}
+    kv_by = {f.label: f for f in kvs}
+    fitting = sorted((u for u in result.uniform if u.uniform and u.total_bytes <= result.workload.memory_bytes),
+                     key=lambda u: u.uniform)
+    configs = {"plan": (build_format(entries["weights"]), build_kv_format(entries["kv_cache"]))}
+    configs |= {f"{u.uniform[0]} + {u.uniform[1]}": (weight_by[u.uniform[0]], kv_by[u.uniform[1]]) for u in fitting}
+    found = measure_whole(model, result.reference, configs, calibration, log)
+    plans = {"plan": result.plan} | {f"{u.uniform[0]} + {u.uniform[1]}": u for u in fitting}
+    result.measured = [Measured(name, plans[name].total_bytes, plans[name].predicted_kl_nats, kl)
+                       for name, kl in found.items()]

@@ -36,11 +36,12 @@ class CacheReference:
         self.batches = [b.to(device) for b in windows.split(batch_size)]  # on the model's device once
         self.log_probs = [log_probs(logits_through_cache(model, b, baseline, chunk_tokens)[:, :-1]) for b in self.batches]
 
-    def kl(self, kv: KVFormat) -> float:
-        """Mean KL(baseline ‖ ``kv``) over every scored position, through the cache."""
+    def kl(self, kv: KVFormat, model: nn.Module | None = None) -> float:
+        """Mean KL(baseline ‖ ``kv``) over every scored position, through the cache; with ``model`` (the baseline
+        model with other weights, a quantized copy) in place of the baseline model."""
         total, count = 0.0, 0
         for batch, p in zip(self.batches, self.log_probs):
-            q = log_probs(logits_through_cache(self.model, batch, kv, self.chunk_tokens)[:, :-1])
+            q = log_probs(logits_through_cache(model or self.model, batch, kv, self.chunk_tokens)[:, :-1])
             total += (p.exp() * (p - q)).sum(-1).double().sum().item()
             count += p.shape[0] * p.shape[1]
         return total / count

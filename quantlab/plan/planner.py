@@ -19,6 +19,7 @@ from ..kv.format import KVFormat, layer_kv_bytes, layer_windows
 from ..quant.format import WeightFormat
 from .joint import Group, Option, Plan, choose_plan, frontier, uniform_plans
 from .kv_scan import CacheReference, kv_layer_scan
+from .measure import Measured
 from .overhead import Term
 
 
@@ -42,6 +43,8 @@ class PlanResult:
     kv_layers: dict[str, tuple[int, ...]]  # KV group name -> its decoder layers
     provenance: dict[str, str] = field(default_factory=dict)
     reserved: dict[str, Term] = field(default_factory=dict)  # activations, runtime: bytes no choice changes
+    measured: list[Measured] = field(default_factory=list)  # configurations applied whole (``measure``)
+    reference: CacheReference | None = field(default=None, repr=False)  # the KV scan's baseline, for measuring
 
 
 def kv_groups(config: Any, group_layers: int) -> list[tuple[int, ...]]:
@@ -135,7 +138,8 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
     return PlanResult(plan, uniform_plans(groups, workload.memory_bytes, fixed), frontier(groups, budgets, fixed),
                       groups, parameters, workload, {f"weights {g.name}": g.modules for g in weight_groups},
                       {f"weights {g.name}": g.patterns for g in weight_groups},
-                      {g.name: lay for g, lay in zip(groups[len(weight_groups):], layers)}, provenance, reserved)
+                      {g.name: lay for g, lay in zip(groups[len(weight_groups):], layers)}, provenance, reserved,
+                      reference=reference)
 
 
 def deployable(result: PlanResult, baseline: WeightFormat, weight_formats: list[WeightFormat],
@@ -193,6 +197,22 @@ def write_plan(result: PlanResult, entries: dict[str, Any], out: Path, serve: li
     lines += ["", "## Memory at the workload", "", "| term | MiB | how |", "|---|---:|---|"]
     lines += [f"| {name} | {b / mib:,.1f} | {how} |" for name, b, how in memory]
     lines += [f"| **total** | **{result.plan.total_bytes / mib:,.1f}** | the budget: {w.memory_bytes / mib:,.1f} |"]
+    if result.measured:
+        lines += ["", "## Predicted and measured", "",
+                  "Each configuration applied whole (its weights on a copy of the model, its cache) and its KL "
+                  "measured through the cache on the KV scan's windows, over the whole vocabulary; the prediction "
+                  "is the sum of its groups' scan rows.", "",
+                  "| configuration | MiB | predicted KL | measured KL | measured / predicted |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {m.name} | {m.total_bytes / mib:,.1f} | {m.predicted_kl_nats:.4g} | {m.kl_nats:.4g} | "
+                  + (f"{m.kl_nats / m.predicted_kl_nats:.2f} |" if m.predicted_kl_nats > 0 else "— |")
+                  for m in result.measured]
+        plan = next((m for m in result.measured if m.name == "plan"), None)
+        fitting = [m for m in result.measured if m.name != "plan"]
+        if plan is not None and fitting:
+            best = min(fitting, key=lambda m: m.kl_nats)
+            lines += ["", f"Measured, the plan's KL is {1 - plan.kl_nats / best.kl_nats:.0%} below the best uniform "
+                      f"configuration that fits ({best.name}, {best.kl_nats:.4g} nats; the plan {plan.kl_nats:.4g})." if best.kl_nats > 0 else
+                      f"The best uniform configuration that fits ({best.name}) measured no divergence."]
     lines += ["", "## Choice per group", "", "| group | format | MiB | KL (nats) |", "|---|---|---|---|"]
     lines += [f"| {name} | {o.label} | {o.bytes / mib:,.2f} | {o.kl_nats:.5f} |" for name, o in result.plan.choice.items()]
     lines += ["", "## Uniform configurations", "", "| weights | KV cache | MiB | fits | predicted KL |", "|---|---|---|---|---|"]
@@ -214,6 +234,8 @@ def write_plan(result: PlanResult, entries: dict[str, Any], out: Path, serve: li
         "predicted_kl_nats": result.plan.predicted_kl_nats, "total_bytes": result.plan.total_bytes,
         "bytes_by_kind": result.plan.bytes_by_kind, "exact": result.plan.exact,
         "reserved": {name: {"bytes": t.bytes, "method": t.method} for name, t in result.reserved.items()},
+        "measured": [{"configuration": m.name, "total_bytes": m.total_bytes, "predicted_kl_nats": m.predicted_kl_nats,
+                      "kl_nats": m.kl_nats} for m in result.measured],
         "choice": {k: {"format": o.label, "bytes": o.bytes, "kl_nats": o.kl_nats} for k, o in result.plan.choice.items()},
         "uniform": [{"weights": u.uniform[0], "kv_cache": u.uniform[1], "total_bytes": u.total_bytes,
                      "predicted_kl_nats": u.predicted_kl_nats} for u in result.uniform if u.uniform],

@@ -147,6 +147,14 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
     assert found["total_bytes"] == by_kind["fixed"] + by_kind["weights"] + by_kind["kv"] <= spec.memory_bytes
     assert by_kind["fixed"] >= MIB + reserved["activations"]["bytes"]
     assert "| runtime | 1.0 | given: the recipe's plan.runtime_bytes |" in path.read_text()
+    measured = {m["configuration"]: m for m in found["measured"]}  # the plan and each fitting uniform, applied whole
+    fitting = [u for u in found["uniform"] if u["total_bytes"] <= spec.memory_bytes]
+    assert set(measured) == {"plan"} | {f"{u['weights']} + {u['kv_cache']}" for u in fitting}, measured.keys()
+    assert len(fitting) >= 1
+    for m in measured.values():
+        assert m["total_bytes"] <= spec.memory_bytes and m["kl_nats"] > 0
+        assert m["predicted_kl_nats"] / 3 < m["kl_nats"] < 3 * m["predicted_kl_nats"]  # near-additive here
+    assert "## Predicted and measured" in path.read_text()
     planned = load_recipe(tmp_path / "plan" / "plan-recipe.yaml")
     weights, kvs = [w.label for w in planned.weights], [k.label for k in planned.kv_cache]
     assert weights[:2] == ["fp32", "int4-g32-asym"] and len(weights) == 3  # the recipe's own, then the plan's
