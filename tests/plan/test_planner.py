@@ -226,3 +226,19 @@ def test_plan_takes_the_recipe_s_plan_section_and_says_what_is_missing(tmp_path:
     assert main(["plan", "recipes/quickstart.yaml", "--memory", "1GiB"]) == 2
     err = capsys.readouterr().err.strip()
     assert "plan.context_tokens: give --context or a plan: section" in err and "\n" not in err
+
+
+def test_the_plan_s_cache_bytes_are_the_seed_lesson_s_worked_numbers() -> None:
+    """Gemma 3 1B at 32,768 positions, bf16, batch 1: 872,415,232 bytes if every layer held the whole context;
+    145,752,064 retained (its 22 sliding layers hold 512), the figure the plan budgets per layer."""
+    from transformers import AutoConfig
+
+    from quantlab.kv.format import layer_kv_bytes
+
+    config = AutoConfig.from_pretrained(Path(__file__).parents[2] / "evals" / "configs" / "gemma-3-1b.json")
+    native = KV_FORMATS["native"].build()
+    per_layer = layer_kv_bytes(native, config, 1, 32768, torch.bfloat16)
+    assert sum(per_layer) == 145_752_064 and len(per_layer) == 26
+    assert sorted(set(per_layer)) == [2 * 256 * 512 * 2, 2 * 256 * 32768 * 2]  # K and V, one head of 256
+    config.layer_types = ["full_attention"] * 26
+    assert sum(layer_kv_bytes(native, config, 1, 32768, torch.bfloat16)) == 872_415_232
