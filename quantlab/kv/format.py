@@ -43,6 +43,10 @@ class KVFormat(BaseModel):
         absent."""
         return {}
 
+    def serving_cache_sides(self) -> dict[str, tuple[tuple[str, bool], tuple[str, bool]]]:
+        """``serving_caches`` for keys and for values: engine -> (keys' type, values' type), each (name, exact)."""
+        return {engine: (found, found) for engine, found in self.serving_caches().items()}
+
     def check_positions(self, positions: int) -> tuple[str, str] | None:
         """``(field, problem)`` when a cache holding at most ``positions`` positions (the run's longest generation
         or cache-read window) would store none of them in this format, or None."""

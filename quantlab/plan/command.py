@@ -32,6 +32,8 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
     baseline_kv = recipe.baseline_variant.kv
     weight_formats = beside_baseline(recipe)
     kv_formats = [k for k in recipe.kv_cache if k != baseline_kv]
+    if spec.kv_split:
+        kv_formats += split_pairs(kv_formats)
     if not weight_formats and not kv_formats:
         raise QuantlabError(f"{recipe.source}: nothing to plan: no weight format that goes beside the baseline one "
                             "layer at a time, and no KV format besides the baseline's")
@@ -93,3 +95,14 @@ def measure_plan(result: Any, model: torch.nn.Module, entries: dict[str, Any], w
     plans = {"plan": result.plan} | {f"{u.uniform[0]} + {u.uniform[1]}": u for u in fitting}
     result.measured = [Measured(name, plans[name].total_bytes, plans[name].predicted_kl_nats, kl)
                        for name, kl in found.items()]
+
+
+def split_pairs(formats: list[Any]) -> list[Any]:
+    """Keys in one of ``formats`` and values in another (``kv.split``): every ordered pair of distinct stored
+    formats that keep the same recent positions in full precision."""
+    from ..kv.quantized import PackedKVFormat
+    from ..kv.split import SplitKV
+
+    stored = [f for f in formats if isinstance(f, PackedKVFormat) and not isinstance(f, SplitKV)]
+    return [SplitKV(keys=k, values=v) for k in stored for v in stored
+            if k != v and k.codecs()[2] == v.codecs()[2]]

@@ -1,5 +1,6 @@
 """How to serve a plan: the commands that measure it whole, export its weights, and run it in llama.cpp and vLLM,
-with the cache each engine can hold. llama.cpp holds one cache type in every layer (``-ctk``/``-ctv``); vLLM holds
+with the cache each engine can hold. llama.cpp holds one key type and one value type in every layer
+(``-ctk``/``-ctv``); vLLM holds
 fp8 in every layer but those it skips (``--kv-cache-dtype-skip-layers``, kept in the model's dtype). Each KV format
 says which type an engine would hold it in and whether that type stores what it stores (``serving_caches``);
 where the engine cannot hold the plan's cache, the command shows the nearest it can and the plan says how it
@@ -20,22 +21,31 @@ def layer_formats(kv: KVFormat, layers: int) -> list[KVFormat]:
     return [of(i) if of else kv for i in range(layers)]
 
 
-def llama_cpp_cache(formats: list[KVFormat]) -> tuple[str, str]:
-    """llama.cpp's cache type for the plan, and what it holds beside the plan's cache."""
-    types = [f.serving_caches().get("llama.cpp") for f in formats]
-    missing = sorted({f.label for f, t in zip(formats, types) if t is None})
+def _one_type(side: str, types: list[tuple[str, bool] | None], labels: list[str]) -> tuple[str, str | None]:
+    """llama.cpp's type for one side (keys or values) of every layer, and how it differs from the plan (None: as
+    planned)."""
+    missing = sorted({label for label, t in zip(labels, types) if t is None})
     if missing:
-        return "f16", f"llama.cpp has no cache type for {', '.join(missing)}: f16 shown"
+        return "f16", f"{side}: llama.cpp has no cache type for {', '.join(missing)}, f16 shown"
     count = Counter(t[0] for t in types if t is not None)
     if len(count) == 1:
-        name = next(iter(count))
-        inexact = sorted({f.label for f, t in zip(formats, types) if t is not None and not t[1]})
-        return name, ("the plan's cache" if not inexact else
-                      f"the nearest llama.cpp type to {', '.join(inexact)} (same bits, its own blocks and scales)")
+        inexact = sorted({label for label, t in zip(labels, types) if t is not None and not t[1]})
+        return next(iter(count)), (None if not inexact else f"{side}: the nearest llama.cpp type to "
+                                   f"{', '.join(inexact)} (same bits, its own blocks and scales)")
     smallest = min(count, key=lambda n: LLAMA_CPP_ORDER.index(n) if n in LLAMA_CPP_ORDER else len(LLAMA_CPP_ORDER))
     kept = ", ".join(f"{n} in {c}" for n, c in count.most_common())
-    return smallest, (f"llama.cpp holds one type in every layer: the plan's smallest, {smallest}, for all "
-                      f"{len(formats)} layers (the plan: {kept}), so more divergence and less memory than planned")
+    return smallest, (f"{side}: llama.cpp holds one type in every layer, the plan's smallest, {smallest}, for all "
+                      f"{len(types)} layers (the plan: {kept}), so more divergence and less memory than planned")
+
+
+def llama_cpp_cache(formats: list[KVFormat]) -> tuple[str, str, str]:
+    """llama.cpp's key and value cache types for the plan (``-ctk``, ``-ctv``), and how they differ from it."""
+    sides = [f.serving_cache_sides().get("llama.cpp") for f in formats]
+    labels = [f.label for f in formats]
+    ctk, k_note = _one_type("keys", [s[0] if s else None for s in sides], labels)
+    ctv, v_note = _one_type("values", [s[1] if s else None for s in sides], labels)
+    notes = [n for n in (k_note, v_note) if n]
+    return ctk, ctv, "; ".join(notes) if notes else "the plan's cache"
 
 
 def vllm_cache(formats: list[KVFormat]) -> tuple[str, list[int], str]:
@@ -55,9 +65,9 @@ def vllm_cache(formats: list[KVFormat]) -> tuple[str, list[int], str]:
 def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, batch_size: int) -> list[str]:
     """plan.md's section on measuring, exporting and serving the plan (``variant``: its label in plan-recipe.yaml)."""
     formats = layer_formats(kv, layers)
-    ctk, llama_note = llama_cpp_cache(formats)
+    ctk, ctv, llama_note = llama_cpp_cache(formats)
     dtype, skip, vllm_note = vllm_cache(formats)
-    fa = " -fa on" if ctk not in ("f16", "bf16", "f32") else ""  # a quantized V cache needs flash attention
+    fa = " -fa on" if ctv not in ("f16", "bf16", "f32") else ""  # a quantized V cache needs flash attention
     vllm = (f"vllm serve plan-ct --max-model-len {context_tokens} --max-num-seqs {batch_size}"
             + (f" --kv-cache-dtype {dtype}" if dtype != "auto" else "")
             + (f" --kv-cache-dtype-skip-layers {' '.join(map(str, skip))}" if dtype != "auto" and skip else ""))
@@ -70,7 +80,7 @@ def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, ba
         f"quantlab export runs/plan --variant '{variant}' --to gguf --out plan-gguf",
         f"quantlab export runs/plan --variant '{variant}' --to compressed-tensors --out plan-ct",
         f"llama-server -m plan-gguf/model.gguf -c {context_tokens * batch_size} -np {batch_size}{fa} "
-        f"-ctk {ctk} -ctv {ctk}",
+        f"-ctk {ctk} -ctv {ctv}",
         vllm,
         "```", "",
         f"- llama.cpp's cache: {llama_note}.",

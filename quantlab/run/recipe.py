@@ -253,6 +253,8 @@ class PlanSpec(Strict):
     scan_tokens: int = Field(2048, ge=16, description="calibration tokens the weight scan scores each choice on")
     kv_window_tokens: int = Field(512, ge=16, description="length of each window the KV scan feeds through the cache")
     kv_windows: int = Field(2, ge=1, description="windows the KV scan feeds through the cache")
+    kv_split: bool = Field(False, description="also offer keys and values in different formats: every pair of the "
+                           "recipe's stored KV formats that keep the same recent positions (more KV scan rows)")
     measure: bool = Field(True, description="apply the plan whole, and every uniform configuration that fits, and "
                           "measure each one's KL through the cache beside its prediction")
 

@@ -242,3 +242,28 @@ def test_the_plan_s_cache_bytes_are_the_seed_lesson_s_worked_numbers() -> None:
     assert sorted(set(per_layer)) == [2 * 256 * 512 * 2, 2 * 256 * 32768 * 2]  # K and V, one head of 256
     config.layer_types = ["full_attention"] * 26
     assert sum(layer_kv_bytes(native, config, 1, 32768, torch.bfloat16)) == 872_415_232
+
+
+def test_keys_and_values_can_take_different_formats(planned) -> None:
+    from quantlab.plan.command import split_pairs
+
+    model, _, (baseline, weights, native, kvs) = planned
+    pairs = split_pairs([native, *kvs])
+    assert [p.label for p in pairs] == ["k=int8-g32-r0,v=int4-g32-r0", "k=int4-g32-r0,v=int8-g32-r0"]
+    src_ids = tokenize_bundled()
+    samples = [src_ids[:64].view(1, 64)]
+    result = plan_model(model, baseline, [], native, [*kvs, *pairs], Calibration(samples), samples,
+                        src_ids[:64].view(1, 64), Workload(40 * MIB, 1024, 4), kv_group_layers=6, chunk_tokens=32)
+    (group,) = [g for g in result.groups if g.kind == "kv"]
+    by = {o.label: o for o in group.options}
+    for pair in pairs:  # half of each side's bytes, and a divergence between the two sides' own
+        keys, values = by[pair.keys.label], by[pair.values.label]
+        option = by[pair.label]
+        assert 2 * option.bytes == keys.bytes + values.bytes
+        assert min(keys.kl_nats, values.kl_nats) < option.kl_nats < max(keys.kl_nats, values.kl_nats) * 1.5
+
+
+def tokenize_bundled() -> torch.Tensor:
+    from transformers import AutoTokenizer
+
+    return tokenize(AutoTokenizer.from_pretrained(bundled_models()["tiny-stdlib-llama"]), load_text("bundled-heldout"))

@@ -23,11 +23,14 @@ def test_every_kv_format_names_engine_types_that_exist() -> None:
 
 
 def test_a_uniform_cache_is_served_as_it_is_where_the_engine_has_its_type() -> None:
-    assert llama_cpp_cache([Q8] * 4) == ("q8_0", "the plan's cache")  # llama.cpp rotates q8_0 as this format does
+    assert llama_cpp_cache([Q8] * 4) == ("q8_0", "q8_0", "the plan's cache")  # llama.cpp rotates q8_0 as this does
     assert vllm_cache([FP8_HEAD] * 4) == ("fp8", [], "the plan's cache")
     assert vllm_cache([NATIVE] * 4)[:2] == ("auto", [])
-    name, note = llama_cpp_cache([INT4] * 4)
-    assert name == "q4_0" and "nearest" in note and INT4.label in note
+    ctk, ctv, note = llama_cpp_cache([INT4] * 4)
+    assert ctk == ctv == "q4_0" and "nearest" in note and INT4.label in note
+    split = build_kv_format({"format": "split", "keys": {"format": "q8_0", "rotate": "hadamard"},
+                             "values": {"format": "q4_0", "rotate": "hadamard"}})
+    assert llama_cpp_cache([split] * 4) == ("q8_0", "q4_0", "the plan's cache")  # -ctk q8_0 -ctv q4_0
 
 
 def test_a_per_layer_cache_takes_the_smallest_type_in_llama_cpp_and_skips_layers_in_vllm() -> None:
@@ -36,8 +39,8 @@ def test_a_per_layer_cache_takes_the_smallest_type_in_llama_cpp_and_skips_layers
                                      {"layers": [3], "format": "int4", "group_size": 32, "residual_tokens": 0}]})
     formats = layer_formats(kv, 5)
     assert [f.label for f in formats] == ["native", Q8.label, Q8.label, INT4.label, "native"]
-    name, note = llama_cpp_cache(formats)
-    assert name == "q4_0" and "for all 5 layers" in note and "f16 in 2" in note
+    ctk, ctv, note = llama_cpp_cache(formats)
+    assert ctk == ctv == "q4_0" and "for all 5 layers" in note and "f16 in 2" in note
     dtype, skip, _ = vllm_cache(formats)
     assert dtype == "fp8" and skip == [0, 4]
     lines = "\n".join(serve_lines("w/kv-x", kv, 5, 8192, 8))
