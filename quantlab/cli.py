@@ -175,12 +175,14 @@ def _formats(args: argparse.Namespace) -> int:
     from .measurements import MEASUREMENTS  # noqa: F401  (registers the evaluations)
     from .quant import WEIGHT_FORMATS
     from .quant.kernels import KERNELS
+    from .quant.transforms import TRANSFORMS
     from .run.executors import EXECUTORS
 
     kernels = _cpu_kernels(WEIGHT_FORMATS) if args.kernels else {}
     from .quant.io import EXPORTERS
 
-    for registry in (WEIGHT_FORMATS, KV_FORMATS, ENGINES, EVALUATIONS, PERPLEXITY_PROTOCOLS, EXECUTORS, EXPORTERS):
+    for registry in (WEIGHT_FORMATS, TRANSFORMS, KV_FORMATS, ENGINES, EVALUATIONS, PERPLEXITY_PROTOCOLS, EXECUTORS,
+                     EXPORTERS):
         print(f"{registry.kind}s:")
         for entry in registry.entries():
             fixed = ", ".join(f"{k}={v}" for k, v in entry.fixed.items())

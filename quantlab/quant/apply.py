@@ -75,6 +75,11 @@ def quantize_(
         formats[key] = f
         assigned.setdefault(key, []).append(name)
     details: dict[str, Any] = {}
+    for key, names in assigned.items():  # each format's transforms on its linears, before any is rounded
+        if formats[key].transforms:
+            from .transforms import apply_transforms_
+
+            apply_transforms_(model, names, formats[key].transforms)
     for key in sorted(assigned, key=lambda k: k == ""):  # the overrides, then the entry's own format
         found = formats[key].apply_(model, assigned[key], calibration)
         details.update({n: {**d, "format": formats[key].scheme_label} if fmt.overrides else d for n, d in found.items()})

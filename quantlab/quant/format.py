@@ -49,6 +49,61 @@ class WeightFormat(BaseModel):
     overrides: tuple["ModuleOverride", ...] = Field((), description="[{modules: GLOB(S), format: NAME, ...}]: "
                                                     "these modules in another format (the first match wins; one "
                                                     "naming the output head, e.g. lm_head, quantizes it)")
+    transforms: tuple[Any, ...] = Field((), description="[NAME or {name: NAME, field: value}]: applied to each linear "
+                                        "before the format rounds it, in order (quantlab formats lists them)")
+    takes_transforms: ClassVar[bool] = True  # False: the format's weights come from elsewhere (a checkpoint, a mix)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's ``scheme_label`` ends with its transforms' labels (``int3-g128-asym-had``), once: a label
+        built on ``super().scheme_label`` gets them only where the most derived class's label is asked for."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("scheme_label")
+        if not isinstance(own, property):
+            return
+        raw = own.fget
+
+        def scheme_label(self: "WeightFormat") -> str:
+            top = next(c.__dict__["scheme_label"] for c in type(self).__mro__ if "scheme_label" in c.__dict__)
+            return raw(self) + (self.transforms_label if top.fget is scheme_label else "")
+
+        cls.scheme_label = property(scheme_label, doc=own.__doc__)  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _transform_entries(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("transforms"):
+            from .transforms import TRANSFORMS, Transform
+
+            if not cls.takes_transforms:
+                raise ValueError("transforms: this format's weights are not rounded here; it takes none")
+            from ..registry import UnknownNameError
+
+            built = []
+            for i, t in enumerate(data["transforms"]):
+                try:
+                    built.append(t if isinstance(t, Transform) else TRANSFORMS.build_entry(t, "name"))
+                except (UnknownNameError, ValueError) as e:
+                    raise ValueError(f"transforms[{i}]: {e}") from None
+            data = {**data, "transforms": tuple(built)}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump_transforms(self, handler: Any) -> dict[str, Any]:
+        """The fields as they are, ``transforms`` in their recipe form and left out when there are none."""
+        out = handler(self)
+        if isinstance(out, dict) and "transforms" in out:
+            if not self.transforms:
+                del out["transforms"]
+            else:
+                from .transforms import TRANSFORMS
+
+                out["transforms"] = [{"name": TRANSFORMS.canonical_name(t),
+                                      **t.model_dump(mode="json", exclude_defaults=True)} for t in self.transforms]
+        return out
+
+    @property
+    def transforms_label(self) -> str:
+        return "".join(f"-{t.label}" for t in self.transforms)
 
     @property
     def label(self) -> str:
@@ -131,6 +186,8 @@ class WeightFormat(BaseModel):
         round the input the same way (``Exporter.activations_refusal``)."""
         from .codecs import EXPORTERS, per_module_targets, targets_holding
 
+        if self.transforms or any(o.format.transforms for o in self.overrides):
+            return ()  # the rotated weights need their input transform, which no export writes yet
         own = targets_holding(self.stored_specs(), EXPORTERS.names())
         activations = getattr(self, "activations", None)
         if activations is not None:

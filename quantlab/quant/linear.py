@@ -40,6 +40,7 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.register_buffer("input_scale", None)  # [in]: multiplies the input (AWQ's unfolded scales); or None
         self.input_rounding: nn.Module | None = None  # rounds the input to a format's grid (W4A4, W8A8), or None
+        self.input_transform: nn.Module | None = None  # maps the input first (a rotation folded into the weight)
 
     @classmethod
     def from_linear(cls, module: nn.Module, q: WeightTensor, kernels: list[str] | None = None,
@@ -53,6 +54,7 @@ class QuantizedLinear(nn.Module):
         bias = module.bias.data.clone() if getattr(module, "bias", None) is not None else None
         layer = cls(kernel, bias, q.describe(), settings)
         layer.input_rounding = input_rounding
+        layer.input_transform = getattr(module, "input_transform", None)  # a transform's (quant.transforms)
         return layer
 
     @property
@@ -64,10 +66,17 @@ class QuantizedLinear(nn.Module):
         self.input_scale = scale.to(dtype)
 
     def dequantize_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight the layer applies, ``[out, in]`` (an input scale folded into its columns)."""
-        if self.input_scale is None:
+        """The weight the layer applies, ``[out, in]`` (an input scale folded into its columns, an input transform
+        ``T`` undone: ``x ↦ T(x) Wᵀ`` is ``x (W Tᵀ)ᵀ`` for the linear map ``T``)."""
+        if self.input_scale is None and self.input_transform is None:
             return self.kernel.dequantize(dtype)
-        return (self.kernel.dequantize(torch.float32) * self.input_scale.float()).to(dtype)
+        w = self.kernel.dequantize(torch.float32)
+        if self.input_scale is not None:
+            w = w * self.input_scale.float()
+        if self.input_transform is not None:
+            eye = torch.eye(self.in_features, device=w.device)
+            w = w @ self.input_transform(eye).float().T
+        return w.to(dtype)
 
     def analytic_weight_bytes(self) -> int:
         """Bytes the layer needs (kernel layout + bias + input scale), from its shape, bits and groups alone."""
@@ -75,6 +84,8 @@ class QuantizedLinear(nn.Module):
         return self.kernel.analytic_nbytes() + extra
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_transform is not None:
+            x = self.input_transform(x)
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
         if self.input_rounding is not None:

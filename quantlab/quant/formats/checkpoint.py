@@ -105,6 +105,7 @@ def quantized_tensor(settings: CheckpointSettings, part: dict[str, torch.Tensor]
 @WEIGHT_FORMATS.register("checkpoint", "a published GPTQ (v1/v2) or AWQ (gemm) checkpoint folder, or a GGUF file "
                          "(its ggml blocks kept), loaded into the recipe model's layers; fields: path, kernel")
 class CheckpointFormat(WeightFormat):
+    takes_transforms: ClassVar[bool] = False  # its weights were rounded elsewhere
     example_fields: ClassVar[dict[str, Any] | None] = None  # a published folder: tests/quant/formats/test_checkpoint.py
     path: str = Field(description="folder of the quantized checkpoint, or a .gguf file (relative paths: to the "
                       "recipe)")

@@ -58,6 +58,7 @@ class GPTQModelFormat(GPTQSettings):
                                   "explicitly): the same algorithm as gptq")
     backend_tag: ClassVar[str] = "gptqmodel"
     slow_to_apply: ClassVar[bool] = True  # GPTQModel quantizes in a process of its own
+    takes_transforms: ClassVar[bool] = False  # GPTQModel loads the model itself, without quantlab's transforms
 
     @model_validator(mode="after")
     def _group_aware_needs_groups(self) -> "GPTQModelFormat":

@@ -40,6 +40,7 @@ TABLE_KEYS = ("group", "format", "kl_divergence_mean")
                          "divergence; fields: candidates, budget_bytes | bits_per_weight | budget_format, granularity, "
                          "sensitivity_path, scan_tokens")
 class MixedFormat(WeightFormat):
+    takes_transforms: ClassVar[bool] = False  # each candidate takes its own
     requires_calibration: ClassVar[bool] = True  # the sensitivity scan reads the calibration text
     example_fields: ClassVar[dict[str, Any] | None] = {
         "candidates": ["int8", {"format": "int4", "group_size": 64}], "budget_format": {"format": "int4", "group_size": 32},
