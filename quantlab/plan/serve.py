@@ -38,7 +38,7 @@ def _one_type(side: str, types: list[tuple[str, bool] | None], labels: list[str]
                       f"{len(types)} layers (the plan: {kept}), so more divergence and less memory than planned")
 
 
-def llama_cpp_cache(formats: list[KVFormat]) -> tuple[str, str, str]:
+def llama_server_cache(formats: list[KVFormat]) -> tuple[str, str, str]:
     """llama.cpp's key and value cache types for the plan (``-ctk``, ``-ctv``), and how they differ from it."""
     sides = [f.serving_cache_sides().get("llama.cpp") for f in formats]
     labels = [f.label for f in formats]
@@ -65,7 +65,7 @@ def vllm_cache(formats: list[KVFormat]) -> tuple[str, list[int], str]:
 def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, batch_size: int) -> list[str]:
     """plan.md's section on measuring, exporting and serving the plan (``variant``: its label in plan-recipe.yaml)."""
     formats = layer_formats(kv, layers)
-    ctk, ctv, llama_note = llama_cpp_cache(formats)
+    ctk, ctv, llama_note = llama_server_cache(formats)
     dtype, skip, vllm_note = vllm_cache(formats)
     fa = " -fa on" if ctv not in ("f16", "bf16", "f32") else ""  # a quantized V cache needs flash attention
     vllm = (f"vllm serve plan-ct --max-model-len {context_tokens} --max-num-seqs {batch_size}"

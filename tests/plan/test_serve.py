@@ -2,7 +2,7 @@
 hold for a plan's per-layer cache, and what each says where it differs from the plan."""
 from quantlab.extend import KV_FORMATS
 from quantlab.kv.per_layer import build_kv_format
-from quantlab.plan.serve import LLAMA_CPP_ORDER, layer_formats, llama_cpp_cache, serve_lines, vllm_cache
+from quantlab.plan.serve import LLAMA_CPP_ORDER, layer_formats, llama_server_cache, serve_lines, vllm_cache
 
 NATIVE = KV_FORMATS["native"].build()
 Q8 = KV_FORMATS["q8_0"].build(rotate="hadamard")
@@ -23,14 +23,14 @@ def test_every_kv_format_names_engine_types_that_exist() -> None:
 
 
 def test_a_uniform_cache_is_served_as_it_is_where_the_engine_has_its_type() -> None:
-    assert llama_cpp_cache([Q8] * 4) == ("q8_0", "q8_0", "the plan's cache")  # llama.cpp rotates q8_0 as this does
+    assert llama_server_cache([Q8] * 4) == ("q8_0", "q8_0", "the plan's cache")  # llama.cpp rotates q8_0 as this does
     assert vllm_cache([FP8_HEAD] * 4) == ("fp8", [], "the plan's cache")
     assert vllm_cache([NATIVE] * 4)[:2] == ("auto", [])
-    ctk, ctv, note = llama_cpp_cache([INT4] * 4)
+    ctk, ctv, note = llama_server_cache([INT4] * 4)
     assert ctk == ctv == "q4_0" and "nearest" in note and INT4.label in note
     split = build_kv_format({"format": "split", "keys": {"format": "q8_0", "rotate": "hadamard"},
                              "values": {"format": "q4_0", "rotate": "hadamard"}})
-    assert llama_cpp_cache([split] * 4) == ("q8_0", "q4_0", "the plan's cache")  # -ctk q8_0 -ctv q4_0
+    assert llama_server_cache([split] * 4) == ("q8_0", "q4_0", "the plan's cache")  # -ctk q8_0 -ctv q4_0
 
 
 def test_a_per_layer_cache_takes_the_smallest_type_in_llama_cpp_and_skips_layers_in_vllm() -> None:
@@ -39,7 +39,7 @@ def test_a_per_layer_cache_takes_the_smallest_type_in_llama_cpp_and_skips_layers
                                      {"layers": [3], "format": "int4", "group_size": 32, "residual_tokens": 0}]})
     formats = layer_formats(kv, 5)
     assert [f.label for f in formats] == ["native", Q8.label, Q8.label, INT4.label, "native"]
-    ctk, ctv, note = llama_cpp_cache(formats)
+    ctk, ctv, note = llama_server_cache(formats)
     assert ctk == ctv == "q4_0" and "for all 5 layers" in note and "f16 in 2" in note
     dtype, skip, _ = vllm_cache(formats)
     assert dtype == "fp8" and skip == [0, 4]
