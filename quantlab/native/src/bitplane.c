@@ -12,27 +12,6 @@
 #include "common.h"
 
 
-static inline float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
-    if (exp == 0x1F) u = sign | 0x7F800000 | (man << 13);
-    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
-    else if (man) {  /* subnormal: normalize */
-        int e = -1;
-        do { man <<= 1; e++; } while (!(man & 0x400));
-        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
-    } else u = sign;
-    float f; memcpy(&f, &u, 4); return f;
-}
-
-static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-
-
-static inline float load_scale(const void* scales, int kind, size_t i) {
-    if (kind == F32) return ((const float*)scales)[i];
-    uint16_t h = ((const uint16_t*)scales)[i];
-    return kind == F16 ? half_to_float(h) : bf16_to_float(h);
-}
-
 static inline int group_end(int g, int group, int K) { return (g + 1) * group < K ? (g + 1) * group : K; }
 
 /* Zero point of row n, group g: code g of the row's packed bit stream, or (zero_row_bytes < 0) a float zero point
@@ -87,13 +66,14 @@ static inline __m256i decode_block_avx2(const uint8_t* blk, int bits) {
     return codes;
 }
 
-/* R rows of x (R <= 4, a constant after inlining) against output rows [n0, n1). */
-static inline __attribute__((always_inline)) void rows_avx2(
+/* Output row n for R rows of x; R and bits are compile-time constants at every call (the dispatch in rows_avx2 is
+   inside the parallel loop: GCC outlines an OpenMP loop body before inlining, so constants passed to a function
+   holding the loop would reach it as variables, and its row loops would not unroll). */
+static inline __attribute__((always_inline)) void row_avx2(
         const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
-        const float* x, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
+        const float* x, const float* xsum, float* y, int n, int R, int N, int K, int bits, int group) {
     int n_groups = (K + group - 1) / group, block_bytes = 4 * bits;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    {
         const uint8_t* row = w + (size_t)n * (K / 32) * block_bytes;
         __m256 total[4];
         float offset[4] = {0, 0, 0, 0};
@@ -125,6 +105,20 @@ static inline __attribute__((always_inline)) void rows_avx2(
             }
         }
         for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]) - offset[r];
+    }
+}
+
+static void rows_avx2(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes,
+                      int sym_zero, const float* x, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+#define CALL(RR, B) row_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, x, xsum, y, n, RR, N, K, B, group)
+#define ROWS(RR) do { switch (bits) { case 1: CALL(RR, 1); break; case 2: CALL(RR, 2); break; case 3: CALL(RR, 3); break; \
+            case 4: CALL(RR, 4); break; case 5: CALL(RR, 5); break; case 6: CALL(RR, 6); break; \
+            case 7: CALL(RR, 7); break; default: CALL(RR, 8); } } while (0)
+        WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
+#undef CALL
     }
 }
 #endif
@@ -171,12 +165,7 @@ void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const
             }
         float* yr = y + (size_t)m0 * N;
 #ifdef __AVX2__
-        switch (R) {  /* a constant R per call, so the row loops unroll */
-            case 1: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 1, N, K, bits, group); break;
-            case 2: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 2, N, K, bits, group); break;
-            case 3: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 3, N, K, bits, group); break;
-            default: rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, 4, N, K, bits, group);
-        }
+        rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
 #else
         rows_scalar(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
 #endif

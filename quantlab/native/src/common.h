@@ -16,6 +16,32 @@ static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as to
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+/* A float16 or bfloat16 value as float32 (scales and caches stored in 16 bits). */
+static inline float half_to_float(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
+    if (exp == 0x1F) u = sign | 0x7F800000 | (man << 13);
+    else if (exp) u = sign | ((exp + 112) << 23) | (man << 13);
+    else if (man) {  /* subnormal: normalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    } else u = sign;
+    float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+
+static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+/* Entry i of a scale array stored as float32, float16 or bfloat16 (kind F32, F16, BF16). */
+static inline float load_scale(const void* scales, int kind, size_t i) {
+    if (kind == F32) return ((const float*)scales)[i];
+    uint16_t h = ((const uint16_t*)scales)[i];
+    return kind == F16 ? half_to_float(h) : bf16_to_float(h);
+}
+
 /* An e8m0 scale byte (OCP MX): the power of two 2^(e - 127); 0 is 2^-127, a subnormal. */
 static inline float e8m0_to_float(uint8_t e) {
     uint32_t u = e ? (uint32_t)e << 23 : 1u << 22;

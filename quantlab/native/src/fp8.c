@@ -23,12 +23,11 @@ static inline float row_scale(const float* scales, int per_tensor, int n) { retu
 #ifdef FP8_SIMD
 static inline __m256 widen8(const uint8_t* p, int kind) { return fp8_widen8(p, kind == E5M2); }
 
-static inline __attribute__((always_inline)) void rows_simd(const uint8_t* w, const float* scales, int per_tensor, int kind,
+static inline __attribute__((always_inline)) void rows_simd_row(int n, const uint8_t* w, const float* scales, int per_tensor, int kind,
                                                             const float* x, float* y, int R, int N, int K) {
     float unit = kind == E4M3 ? 256.0f : 1.0f;
     int k16 = K & ~15;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    {
         const uint8_t* row = w + (size_t)n * K;
         __m256 acc[4][2];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -71,9 +70,12 @@ void fp8_matmul(const uint8_t* w, const float* scales, int per_tensor, int kind,
         const float* xr = x + (size_t)m0 * K;
         float* yr = y + (size_t)m0 * N;
 #ifdef FP8_SIMD
-#define ROWS(C) rows_simd(w, scales, per_tensor, kind, xr, yr, C, N, K)
-        WITH_CONSTANT_ROWS(R, ROWS);
+        #pragma omp parallel for schedule(static)  /* outside the inlined row: R stays a constant in it */
+        for (int n = 0; n < N; n++) {
+#define ROWS(C) rows_simd_row(n, w, scales, per_tensor, kind, xr, yr, C, N, K)
+            WITH_CONSTANT_ROWS(R, ROWS);
 #undef ROWS
+        }
 #else
         rows_scalar(w, scales, per_tensor, kind, xr, yr, R, N, K);
 #endif
@@ -107,12 +109,11 @@ static inline float blocks_scale(const void* scales, int scale_kind, size_t i) {
 }
 
 #ifdef FP8_SIMD
-static inline __attribute__((always_inline)) void blocks_rows_simd(const uint8_t* w, const void* scales, int scale_kind, int b,
+static inline __attribute__((always_inline)) void blocks_rows_simd_row(int n, const uint8_t* w, const void* scales, int scale_kind, int b,
                                                        int rows_per_scale, const float* x, float* y, int R, int N,
                                                        int K) {
     int per_row = (K + b - 1) / b;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    {
         const uint8_t* row = w + (size_t)n * K;
         size_t s0 = (size_t)(n / rows_per_scale) * per_row;
         __m256 total[4];
@@ -172,9 +173,12 @@ void fp8_blocks_matmul(const uint8_t* w, const void* scales, int scale_kind, int
         const float* xr = x + (size_t)m0 * K;
         float* yr = y + (size_t)m0 * N;
 #ifdef FP8_SIMD
-#define ROWS(C) blocks_rows_simd(w, scales, scale_kind, b, rows_per_scale, xr, yr, C, N, K)
-        WITH_CONSTANT_ROWS(R, ROWS);
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) {
+#define ROWS(C) blocks_rows_simd_row(n, w, scales, scale_kind, b, rows_per_scale, xr, yr, C, N, K)
+            WITH_CONSTANT_ROWS(R, ROWS);
 #undef ROWS
+        }
 #else
         blocks_rows_scalar(w, scales, scale_kind, b, rows_per_scale, xr, yr, R, N, K);
 #endif

@@ -22,20 +22,6 @@ enum { INT = 0, CAST_F32 = 1, CAST_F16 = 2, CAST_BF16 = 3, CAST_E4M3 = 4, INT_CH
 #define CHUNK 256
 #define MAX_D 512
 
-static inline float half_to_float(uint16_t h) {
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 31) u = sign | 0x7F800000 | (m << 13);
-    else if (e) u = sign | ((e + 112) << 23) | (m << 13);
-    else if (!m) u = sign;
-    else { float f = m / 16777216.0f; memcpy(&u, &f, 4); u |= sign; }
-    float f; memcpy(&f, &u, 4); return f;
-#endif
-}
-
-static inline float bf16_to_float(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 
 static inline int code_at(const uint8_t* row, int i, int bits) {
     if (bits == 8) return row[i];

@@ -44,13 +44,12 @@ static inline void decode32(const uint8_t* p, __m256 lo, __m256 hi, __m256 v[4])
     v[3] = lookup8(_mm256_cvtepu8_epi32(_mm_srli_si128(c1, 8)), lo, hi);
 }
 
-static inline __attribute__((always_inline)) void rows_avx2(
+static inline __attribute__((always_inline)) void row_avx2(int n,
         const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset, const float* dmap,
         const float* lut, const float* x, float* y, int R, int N, int K, int block) {
     const __m256 lo = _mm256_loadu_ps(lut), hi = _mm256_loadu_ps(lut + 8);
     int per_row = K / block;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    {
         const uint8_t* row = w + (size_t)n * (K / 2);
         __m256 total[4];
         for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
@@ -69,7 +68,7 @@ static inline __attribute__((always_inline)) void rows_avx2(
                 }
             }
             for (int r = 0; r < R; r++) y[(size_t)r * N + n] = hsum(total[r]);
-            continue;
+            return;
         }
         for (int g = 0; g < per_row; g++) {
             __m256 acc[4][2];
@@ -122,11 +121,11 @@ void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* sc
         const float* xr = x + (size_t)m0 * K;
         float* yr = y + (size_t)m0 * N;
 #ifdef __AVX2__
-        switch (R) {  /* a constant R per call, so the row loops unroll */
-            case 1: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 1, N, K, block); break;
-            case 2: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 2, N, K, block); break;
-            case 3: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 3, N, K, block); break;
-            default: rows_avx2(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, 4, N, K, block);
+        #pragma omp parallel for schedule(static)  /* outside the inlined row: R stays a constant in it */
+        for (int n = 0; n < N; n++) {
+#define ROWS(C) row_avx2(n, w, absmax, kind, scale2, offset, dmap, lut, xr, yr, C, N, K, block)
+            WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
         }
 #else
         rows_scalar(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, R, N, K, block);
