@@ -84,6 +84,9 @@ FORMATS = {
     "mxfp8": ("mxfp8", BF16),  # e4m3 codes widened in registers, e8m0 scales (mxfp8_cpu)
     "fp8-b128": ("fp8", {"block_size": 128, **BF16}),  # a scale per 128x128 tile (fp8_block_cpu)
     "nvfp4-a4": ("nvfp4", {"activations": "nvfp4", **BF16}),  # W4A4: the activations' rounding emulated
+    "int8-sym": ("int8", {"symmetric": True, **BF16}),  # W8A16: the weight-only baseline of W8A8
+    "int8-a8": ("int8", {"symmetric": True, "activations": "int8", **BF16}),  # W8A8: int8 x int8 (int8_act_cpu)
+    "int4-g32-a8": ("int4", {"group_size": 32, "activations": "int8", **BF16}),  # W4A8 (int8_act_cpu)
 }
 DEFAULT_FORMATS = ["bf16", "int8", "int4-g128", "int4-g128-dequant"]
 

@@ -50,7 +50,8 @@ class QuantizedLinear(nn.Module):
         ``settings`` records how the codes were chosen (a checkpoint's quantize config repeats it); ``input_rounding``
         rounds every input first (a format's ``activations``)."""
         weight = linear_weight(module)
-        kernel = choose_kernel(q, weight.device, weight.dtype, kernels)
+        fmt = getattr(input_rounding, "fmt", None)
+        kernel = choose_kernel(q, weight.device, weight.dtype, kernels, fmt)
         bias = module.bias.data.clone() if getattr(module, "bias", None) is not None else None
         layer = cls(kernel, bias, q.describe(), settings)
         layer.input_rounding = input_rounding
@@ -88,9 +89,11 @@ class QuantizedLinear(nn.Module):
             x = self.input_transform(x)
         if self.input_scale is not None:
             x = x * self.input_scale.to(x.dtype)
+        y = None
         if self.input_rounding is not None:
-            x = self.input_rounding(x)
-        y = self.kernel(x)
+            y = self.kernel.rounded_matmul(x, self.input_rounding)
+            x = x if y is not None else self.input_rounding(x)
+        y = self.kernel(x) if y is None else y
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:

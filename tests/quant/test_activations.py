@@ -59,3 +59,21 @@ def test_labels_name_the_activation_rounding_and_bad_settings_are_refused() -> N
     assert fmt.check_model({"q": (64, 96)}, None, torch.float32)[0] == ".activations"
     assert fmt.exports == ("compressed-tensors",)  # its input_activations round the same way
     assert build_format({"format": "nvfp4", "activations": "nvfp4"}).exports == ()  # a static global scale there
+
+
+def test_integer_formats_round_inputs_to_int8_and_formats_without_the_field_refuse_it() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g) * torch.logspace(-2, 1, 64)
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    assert torch.equal(round_activations(x, "int8"), torch.round(x / scale).clamp(-128, 127) * scale)
+    assert build_format({"format": "int8", "symmetric": True, "activations": "int8"}).label == "int8-pc-sym-aint8"
+    assert build_format({"format": "int4", "group_size": 32, "activations": "int8"}).label == "int4-g32-asym-aint8"
+    gptq = build_format({"format": "gptq", "bits": 4, "group_size": 32, "activations": "int8"})
+    assert gptq.activations.format == "int8" and gptq.label == "int4-g32-asym-aint8-gptq"
+    static = build_format({"format": "int8", "activations": {"format": "int8", "global_scale": "static"}})
+    assert static.needs_calibration and static.label.endswith("aint8-static")
+    with pytest.raises(ValueError):
+        build_format({"format": "awq", "bits": 4, "group_size": 32, "activations": "int8"})
+    with pytest.raises(ValueError, match="scale_divisor is int8's"):
+        ActivationFormat(format="fp8", scale_divisor=127.5)
+    assert ActivationFormat(format="int8", scale_divisor=127.5).label == "aint8-d127.5"

@@ -7,12 +7,13 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from ..activations import ActivationFormat, rounding_module
 from ..calibrate.gptq_solve import gptq_quantize
 from ..calibrate.layers import quantize_sequential_
 from ..format import DTYPES, WEIGHT_FORMATS, Calibration
 from ..forms.affine.tensor import QuantizedTensor, quantize_tensor
 from ..linear import QuantizedLinear, linear_weight
-from .rtn import AffineFormat
+from .rtn import ACTIVATIONS_FIELD, AffineFormat
 
 
 def output_error(weight: torch.Tensor, q: QuantizedTensor, hessian: torch.Tensor) -> float:
@@ -57,9 +58,10 @@ class GPTQSettings(AffineFormat):
 
 
 @WEIGHT_FORMATS.register("gptq", "GPTQ (Hessian-aware rounding, needs calibration); fields: bits, group_size, "
-                         "symmetric, act_order, damp, true_sequential, block_size, clip, scale_dtype, kernel")
+                         "symmetric, act_order, damp, true_sequential, block_size, clip, scale_dtype, activations, kernel")
 class GPTQFormat(GPTQSettings):
     block_size: int = Field(128, ge=1, description="columns per lazy batch update")
+    activations: ActivationFormat | None = ACTIVATIONS_FIELD
 
     def solve(self, weight: torch.Tensor, hessian: torch.Tensor) -> QuantizedTensor:
         return gptq_quantize(weight, hessian, self.bits, self.group_size, self.symmetric, self.act_order,
@@ -75,7 +77,8 @@ class GPTQFormat(GPTQSettings):
             rtn = quantize_tensor(weight, self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
                                   clip=self.clip_search)
             errors[name] = {"gptq": output_error(weight, q, hessian), "rtn": output_error(weight, rtn, hessian)}
-            return QuantizedLinear.from_linear(module, q, self.kernels, self.recorded_settings)
+            return QuantizedLinear.from_linear(module, q, self.kernels, self.recorded_settings,
+                                               rounding_module(self.activations))
 
         stats = quantize_sequential_(model, selected, list(calibration or []), solve,
                                      true_sequential=self.true_sequential)

@@ -7,6 +7,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
+from ..activations import ActivationFormat, rounding_module
 from ..format import DTYPES, WEIGHT_FORMATS, DtypeName, QuantizedWeightFormat
 from ..forms.affine.float_zero import FloatZeroTensor, quantize_float_zero
 from ..forms.affine.tensor import QuantizedTensor, quantize_tensor
@@ -56,10 +57,22 @@ class AffineFormat(QuantizedWeightFormat):
             parts.append("fz")
         if self.clip != "none":
             parts.append(self.clip)
+        activations = getattr(self, "activations", None)
+        parts += [activations.label] if activations else []
         parts += self.compute_dtype_label()
         if self.kernel != "auto":
             parts.append(self.kernel)
         return "-".join(parts)
+
+    def check_model(self, linears: dict[str, tuple[int, int]], head: str | None,
+                    base: torch.dtype) -> tuple[str, str] | None:
+        activations = getattr(self, "activations", None)
+        block = activations.block if activations else 1
+        for name, (out, n_in) in linears.items():
+            if self.format_for(name) is self and n_in % block:
+                return ".activations", (f"{activations.label} takes blocks of {block} along the input; {name} has "
+                                        f"{n_in} input features")
+        return super().check_model(linears, head, base)
 
     def stored_specs(self) -> tuple[Spec, ...]:
         return (Spec("float_zero" if self.zero_point == "float" else "affine",
@@ -81,8 +94,15 @@ class AffineFormat(QuantizedWeightFormat):
                                                self.per_tensor)
 
 
-@WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, scale_dtype, zero_point, kernel")
+ACTIVATIONS_FIELD = Field(None, description="round each quantized linear's input too: int8 (W8A8, W4A8: per token, "
+                          "or {format: int8, global_scale: static}; an integer product on CPU, int8_act_cpu) or "
+                          "another activation format (emulated); null: weight-only")
+
+
+@WEIGHT_FORMATS.register("rtn", "affine round-to-nearest; fields: bits, group_size | per_tensor, symmetric, clip, "
+                         "scale_dtype, zero_point, activations, kernel")
 class RTNFormat(AffineFormat):
+    activations: ActivationFormat | None = ACTIVATIONS_FIELD
     example_fields: ClassVar[dict[str, Any] | None] = {"bits": 4, "group_size": 32, "kernel": "dequantize+matmul"}
     solves_zero_points: ClassVar[bool] = False  # float zero points refined by HQQ's solve (the hqq format)
 
@@ -96,10 +116,11 @@ class RTNFormat(AffineFormat):
             q = quantize_float_zero(linear_weight(module), self.bits, self.group_size, self.solves_zero_points,
                                     DTYPES[self.scale_dtype], self.rounds_zero_points)
             method = "hqq" if self.solves_zero_points else "rtn"
-            return QuantizedLinear.from_linear(module, q, self.kernels, {"method": method})
+            return QuantizedLinear.from_linear(module, q, self.kernels, {"method": method},
+                                               rounding_module(self.activations))
         q = quantize_tensor(linear_weight(module), self.bits, self.group_size, self.symmetric, DTYPES[self.scale_dtype],
                             self.per_tensor, self.clip_search)
-        return QuantizedLinear.from_linear(module, q, self.kernels)
+        return QuantizedLinear.from_linear(module, q, self.kernels, input_rounding=rounding_module(self.activations))
 
 
 WEIGHT_FORMATS.add("int8", RTNFormat, "8-bit affine round-to-nearest, per output channel", bits=8)

@@ -57,8 +57,13 @@ class CompressedTensorsExporter(Exporter):
             tensors.update({f"{lw.name}.{k}": v for k, v in codec.tensors(lw.stored, dtype).items()})
             if lw.bias is not None:
                 tensors[f"{lw.name}.bias"] = lw.bias.detach().cpu()
-            if lw.input_global_scale is not None:  # NVFP4 W4A4: the static scale its input is rounded under
-                tensors[f"{lw.name}.input_global_scale"] = lw.input_global_scale.detach().float().cpu().reshape(1)
+            if lw.input_global_scale is not None:  # the static scale its input is rounded under
+                tensors.update(static_input_tensors(lw.name, lw.activations.format, lw.input_global_scale))
+            if lw.activations is not None and lw.activations.format == "int8" and not lw.activations.static \
+                    and lw.activations.scale_divisor != 127.5:
+                notes.add("int8 activations were measured with vLLM's per-token scale (max |x| / 127); "
+                          "compressed-tensors' forward in transformers takes max |x| / 127.5 (scale_divisor: 127.5 "
+                          "measures that)")
             result.tensors[lw.name] = {"module": lw.name, "type": f"{found['format']} {found['weights']['type']}"
                                        f"{found['weights']['num_bits']}",
                                        "max_abs_deviation": codec.deviation(lw.stored, dtype)}
@@ -87,7 +92,16 @@ class CompressedTensorsExporter(Exporter):
 
 # activations: format (and fp8 group size) -> compressed-tensors' preset whose input_activations round it the same way
 ACTIVATION_PRESETS = {("mxfp4", None): "MXFP4", ("mxfp8", None): "MXFP8", ("fp8", None): "FP8_DYNAMIC",
-                      ("fp8", 128): "FP8_BLOCK", ("nvfp4", None): "NVFP4"}
+                      ("fp8", 128): "FP8_BLOCK", ("nvfp4", None): "NVFP4", ("int8", None): "W8A8"}
+
+
+def static_input_tensors(name: str, fmt: str, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors a static activation rounding writes: NVFP4's ``input_global_scale``; int8's per-tensor
+    ``input_scale`` (with its zero point, 0: symmetric), which compressed-tensors' loaders and vLLM divide by."""
+    scale = scale.detach().float().cpu().reshape(1)
+    if fmt == "int8":
+        return {f"{name}.input_scale": scale, f"{name}.input_zero_point": torch.zeros(1, dtype=torch.int8)}
+    return {f"{name}.input_global_scale": scale}
 
 
 def input_activations(activations: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -113,7 +127,9 @@ def input_activations(activations: Any) -> tuple[dict[str, Any] | None, str | No
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
 
-    if preset is not None:
+    if fmt == "int8" and activations.static:  # one calibrated scale for the tensor, written beside the weight
+        args = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="tensor", dynamic=False)
+    elif preset is not None:
         args = PRESET_SCHEMES[preset]["input_activations"]
     else:
         args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="group", group_size=group_size,

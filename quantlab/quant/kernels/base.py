@@ -41,6 +41,8 @@ class Kernel(nn.Module):
     path: ClassVar[str]
     preference: ClassVar[int]  # ``kernel: auto`` tries kernels in ascending preference
     tensor_type: ClassVar[type[WeightTensor] | tuple[type[WeightTensor], ...]] = WeightTensor  # stored forms it takes
+    rounded_inputs: ClassVar[frozenset[str]] = frozenset()  # activation formats it rounds itself; if any, it is
+    # chosen only for weights whose format rounds its inputs to one of them (W8A8: an integer product)
 
     @classmethod
     def supports(cls, q: WeightTensor, device: torch.device, dtype: torch.dtype) -> bool:
@@ -55,6 +57,11 @@ class Kernel(nn.Module):
     def analytic_nbytes(self) -> int:
         """Bytes this layout needs, from the tensor's shape, bits and groups alone."""
         raise NotImplementedError
+
+    def rounded_matmul(self, x: torch.Tensor, rounding: nn.Module) -> torch.Tensor | None:
+        """``rounding(x) @ Wᵀ`` with the rounding fused into the product, or None where this kernel does not fuse
+        it (the layer then rounds ``x`` and calls ``forward``)."""
+        return None
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[out, in]`` this kernel multiplies by."""
@@ -211,8 +218,10 @@ KERNELS.register(DequantKernel)
 KernelName = Annotated[str, AfterValidator(KERNELS.check)]  # a format's ``kernel`` field: auto or a registered path
 
 
-def choose_kernel(q: WeightTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None) -> Kernel:
-    """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations.
+def choose_kernel(q: WeightTensor, device: torch.device, dtype: torch.dtype, allowed: list[str] | None = None,
+                  activations: str | None = None) -> Kernel:
+    """The first kernel (in order of preference) that supports ``q`` on ``device`` for ``dtype`` activations
+    (rounded to the format ``activations`` first, where the weight format says so).
 
     A kernel that turns out not to handle the tensor when built (``UnsupportedError``) passes the
     choice on to the next one, unless it was the only one allowed.
@@ -220,6 +229,8 @@ def choose_kernel(q: WeightTensor, device: torch.device, dtype: torch.dtype, all
     reasons: list[str] = []
     for path, cls in KERNELS.items():
         if allowed is None and not cls.in_auto(device):
+            continue
+        if cls.rounded_inputs and activations not in cls.rounded_inputs:
             continue
         if (allowed is None or path in allowed) and isinstance(q, cls.tensor_type) and cls.supports(q, device, dtype):
             try:
