@@ -79,7 +79,7 @@ def quantize_(
         if formats[key].transforms:
             from .transforms import apply_transforms_
 
-            apply_transforms_(model, names, formats[key].transforms)
+            apply_transforms_(model, names, formats[key].transforms, calibration.samples if calibration else None)
     for key in sorted(assigned, key=lambda k: k == ""):  # the overrides, then the entry's own format
         found = formats[key].apply_(model, assigned[key], calibration)
         details.update({n: {**d, "format": formats[key].scheme_label} if fmt.overrides else d for n, d in found.items()})

@@ -137,7 +137,8 @@ class WeightFormat(BaseModel):
     @property
     def _calibrates(self) -> bool:
         activations = getattr(self, "activations", None)
-        return self.requires_calibration or bool(activations is not None and activations.static)
+        return (self.requires_calibration or bool(activations is not None and activations.static)
+                or any(t.requires_calibration for t in self.transforms))
 
     def format_for(self, name: str) -> "WeightFormat | None":
         """The format module ``name`` (a linear the default selection takes) is stored in; None: kept as is."""
@@ -186,8 +187,8 @@ class WeightFormat(BaseModel):
         round the input the same way (``Exporter.activations_refusal``)."""
         from .codecs import EXPORTERS, per_module_targets, targets_holding
 
-        if self.transforms or any(o.format.transforms for o in self.overrides):
-            return ()  # the rotated weights need their input transform, which no export writes yet
+        if not all(t.folds_entirely for f in (self, *(o.format for o in self.overrides)) for t in f.transforms):
+            return ()  # the weights need their input transform at run time, which no export writes yet
         own = targets_holding(self.stored_specs(), EXPORTERS.names())
         activations = getattr(self, "activations", None)
         if activations is not None:
