@@ -43,6 +43,9 @@ VARIANTS = {
                                              {"modules": "*.v_proj", "format": Q4_1}]},
     **{f"gguf {t}": {"format": "gguf", "type": t} for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")},
     "MXFP4": {"format": "mxfp4"},
+    # the residual stream rotated and folded whole (the head untied): llama.cpp runs the rotated weights as they are
+    "Q4_0 after rotate-residual": {**Q4_0, "transforms": ["rotate-residual"]},
+    "gguf Q8_0 after rotate-residual": {"format": "gguf", "type": "Q8_0", "transforms": ["rotate-residual"]},
     "gguf Q4_K with Q6_K down_proj": {"format": "gguf", "type": "Q4_K",
                                       "overrides": [{"modules": "*.down_proj", "format": "gguf", "type": "Q6_K"}]},
 }
