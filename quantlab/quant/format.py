@@ -205,6 +205,12 @@ class WeightFormat(BaseModel):
         is loaded), or None: it can, or only the quantized model can tell."""
         if to in self.exports or self.exports_decided_at_export:
             return None
+        online = [t.label for f in (self, *(o.format for o in self.overrides)) for t in f.transforms
+                  if not t.folds_entirely]
+        if online:
+            return (f"weight format {self.label} cannot be written as {to}: its transform {online[0]} acts on each "
+                    "input at run time, which no export writes yet (rotate-residual and smoothquant with others: "
+                    "skip fold into the weights and export)")
         activations = getattr(self, "activations", None)
         from .codecs import EXPORTERS, targets_holding
 
