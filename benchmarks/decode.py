@@ -87,6 +87,9 @@ FORMATS = {
     "int8-sym": ("int8", {"symmetric": True, **BF16}),  # W8A16: the weight-only baseline of W8A8
     "int8-a8": ("int8", {"symmetric": True, "activations": "int8", **BF16}),  # W8A8: int8 x int8 (int8_act_cpu)
     "int4-g32-a8": ("int4", {"group_size": 32, "activations": "int8", **BF16}),  # W4A8 (int8_act_cpu)
+    # float32 activations: on CPUs without bf16 instructions torch's bf16 int8 kernel is far from its best
+    "int8-sym-fp32": ("int8", {"symmetric": True, "compute_dtype": "float32"}),  # W8A16 in float32 (bitplane_cpu)
+    "int8-a8-fp32": ("int8", {"symmetric": True, "activations": "int8", "compute_dtype": "float32"}),
 }
 DEFAULT_FORMATS = ["bf16", "int8", "int4-g128", "int4-g128-dequant"]
 

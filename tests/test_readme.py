@@ -40,7 +40,7 @@ def test_the_recipes_page_example_is_a_valid_recipe(tmp_path: Path) -> None:
     (tmp_path / "recipe.yaml").write_text(_block(DOCS / "recipes.md", "yaml"))
     shutil.copytree(ROOT / "evals", tmp_path / "evals")  # the example names a local lm-eval task folder
     recipe = load_recipe(tmp_path / "recipe.yaml")
-    assert len(recipe.variants()) == 10 * 6 and recipe.baseline_label == "fp32/kv-native"
+    assert len(recipe.variants()) == 12 * 6 and recipe.baseline_label == "fp32/kv-native"
 
 
 def test_the_readme_and_docs_link_to_files_that_exist() -> None:
