@@ -8,8 +8,11 @@ dequantized history is built. The ring's few positions go through ordinary produ
 Both C functions are registered torch ops with fake implementations, so the path runs inside the compiled step.
 
 Layouts read: packed integers per position (token axis, any width 2-8, groups along the head dimension), keys
-per channel (KIVI: one scale and zero point per channel over a block of positions) and float casts (float32,
-float16, bfloat16, float8 e4m3 with its per-position scale).
+per channel (KIVI: one scale and zero point per channel over a block of positions), float casts (float32,
+float16, bfloat16, float8 e4m3 with its per-position scale) and the block forms of ``packed.ELEMENTS`` (NVFP4,
+MXFP4, MXFP8, llama.cpp's q8_0 and q4_0). A Hadamard-rotated store (``rotate: hadamard``) is read as stored: the
+query is rotated as the keys were (q . k = Hq . Hk, the matrix orthonormal) and the weighted sum of the rotated
+values is rotated back (the matrix is its own inverse), so a rotated cache costs two small products a step.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 from .. import native
 from ..errors import UnsupportedError
 from ..native.ops import native_op, register_fake
+from .packed import hadamard_rotate
 
 
 class CodeStore(Protocol):
@@ -32,6 +36,7 @@ class CodeStore(Protocol):
 
 INT, CAST_F32, CAST_F16, CAST_BF16, CAST_E4M3, INT_CHANNEL = range(6)
 CASTS = {torch.float32: CAST_F32, torch.float16: CAST_F16, torch.bfloat16: CAST_BF16}
+BLOCK_KINDS = {"nvfp4": 6, "mxfp4": 7, "mxfp8": 8, "q8_0": 9, "q4_0": 10}  # packed.ELEMENTS' forms
 MAX_HEAD_DIM = 512  # the kernel's scratch row
 MAX_CHANNEL_BLOCK = 1024  # positions of a per-channel key block (its scores are kept on the stack)
 
@@ -72,11 +77,12 @@ def reads_codes(store: CodeStore | None) -> bool:
     if store is None:
         return True
     codec = store.codec
-    if getattr(codec, "rotate", False) or getattr(codec, "element", None) is not None \
-            or getattr(codec, "head_scale", None) is not None:
-        return False  # rotated, microscaling or per-head scaled stores are read through their expression
+    if getattr(codec, "head_scale", None) is not None:
+        return False  # per-head static scales are read through their expression
     if codec.bits is not None and codec.axis == "channel":
-        return codec.block <= MAX_CHANNEL_BLOCK
+        return not codec.rotate and codec.block <= MAX_CHANNEL_BLOCK
+    if codec.element is not None:
+        return codec.element in BLOCK_KINDS and store.shape[2] <= MAX_HEAD_DIM
     return _kind(codec.bits, codec.dtype) is not None and store.shape[2] <= MAX_HEAD_DIM
 
 
@@ -131,6 +137,10 @@ def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
 
 def _store_args(store: CodeStore) -> tuple[int, int, int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     codec, t, d = store.codec, store.tensors, store.shape[2]
+    if codec.element is not None:
+        from .packed import ELEMENTS
+
+        return BLOCK_KINDS[codec.element], 0, ELEMENTS[codec.element][1], d, t["codes"], t["scales"], None
     if codec.bits is not None and codec.axis == "channel":
         return INT_CHANNEL, codec.bits, codec.block, d, t["packed"], t["scales"], t["zeros"]
     kind = _kind(codec.bits, codec.dtype)
@@ -152,7 +162,9 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     end = layer._stored_end(length)  # a tensor: the layer's length is one
     parts, positions, valid = [], [], []
     if slots:
-        parts.append(scores_op(*_store_args(layer.key_store), end, q))
+        key_codec = layer.key_store.codec
+        q_stored = hadamard_rotate(q, key_codec.rotate_block) if key_codec.rotate else q
+        parts.append(scores_op(*_store_args(layer.key_store), end, q_stored))
         stored = torch.arange(slots, device=query.device)
         positions.append(stored)
         valid.append(stored < end)
@@ -179,7 +191,9 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     dv = layer.v_head_dim
     out = torch.zeros(b * hkv, g, dv, dtype=torch.float32, device=query.device)
     if slots:
-        out = out + values_op(*_store_args(layer.value_store), end, probs[..., :slots])
+        value_codec = layer.value_store.codec
+        stored = values_op(*_store_args(layer.value_store), end, probs[..., :slots])
+        out = out + (hadamard_rotate(stored, value_codec.rotate_block) if value_codec.rotate else stored)
     if ring:
         out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())
     return out.view(b, hq, 1, dv).transpose(1, 2).to(query.dtype).contiguous()

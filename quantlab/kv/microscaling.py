@@ -2,8 +2,8 @@
 16 with e4m3 scales; single-level, the global scale fixed at 1, since a cache has no tensor-wide maximum to take
 one from as positions arrive), MXFP4 (e2m1, e8m0 scales per 32) or MXFP8 (e4m3, e8m0 per 32), optionally
 Hadamard-rotated first (``rotate: hadamard``). The most recent ``residual_tokens`` positions stay in the model's
-dtype. Read through the dequantizing expression (eager and compiled engines); the C attention over codes reads
-the integer and float8 caches only."""
+dtype. The compiled engine's decode attention reads them from their stored bytes (``code_attention.py``), rotated
+or not; otherwise they are read through the dequantizing expression."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal

@@ -1,7 +1,7 @@
 """Decode attention over stored KV codes: the C scores and weighted sums equal the products with the dequantized
-store (every integer width, groups, keys per channel, float casts, head sizes off the SIMD width, 1-5 query rows
-per head, a batch) and stop at the stored length, and a static layer attending this way gives the dynamic layers'
-logits at every step."""
+store (every integer width, groups, keys per channel, float casts, the block forms NVFP4, MXFP4, MXFP8, q8_0 and
+q4_0, head sizes off the SIMD width, 1-5 query rows per head, a batch) and stop at the stored length, and a static
+layer attending this way (rotated stores included) gives the dynamic layers' logits at every step."""
 import pytest
 import torch
 
@@ -16,6 +16,7 @@ CPU = torch.device("cpu")
 CODECS = [Codec(bits=b, group_size=g) for b in range(2, 9) for g in (16, 64)] + [
     Codec(dtype=d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)] + [
     Codec(bits=b, axis="channel", group_size=g) for b in (2, 3, 4) for g in (4, 16)]  # keys per channel (KIVI)
+BLOCK_CODECS = [Codec(element=e) for e in code_attention.BLOCK_KINDS]
 
 
 def filled_store(codec: Codec, b: int, h: int, slots: int, d: int) -> CodeStore:
@@ -45,12 +46,45 @@ def test_scores_and_values_equal_the_products_with_the_dequantized_store(codec: 
             assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
 
 
-def tiny_model(arch: str) -> torch.nn.Module:
+@pytest.mark.parametrize("codec", BLOCK_CODECS, ids=str)
+@pytest.mark.parametrize("d,g", [(64, 3), (32, 1), (96, 4)])
+@pytest.mark.parametrize("simd", [True, False])
+def test_block_forms_equal_the_products_with_the_dequantized_store(codec: Codec, d: int, g: int, simd: bool,
+                                                                   monkeypatch) -> None:
+    b, h, slots = 2, 2, 40
+    store = filled_store(codec, b, h, slots, d)
+    assert code_attention.reads_codes(store)
+    ref = store.read(torch.float32).reshape(b * h, slots, d)
+    assert ref.abs().max() > 1  # the store holds the values, not zeros
+    q, p = torch.randn(b * h, g, d), torch.softmax(torch.randn(b * h, g, slots), -1)
+    args = list(code_attention._store_args(store))
+    if not simd:  # a block of 4 is not a multiple of 8: the scalar decoder reads the same bytes
+        args = _as_scalar_path(args)
+    for valid in (slots, 17, 0):
+        n = torch.tensor(valid)
+        scores = code_attention.scores_op(*args, n, q)
+        values = code_attention.values_op(*args, n, p)
+        assert torch.allclose(scores[..., :valid], q @ ref[:, :valid].transpose(1, 2), atol=1e-4, rtol=1e-5)
+        assert torch.equal(scores[..., valid:], torch.zeros_like(scores[..., valid:]))
+        assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
+
+
+def _as_scalar_path(args: list) -> list:
+    """The store's arguments with every block scale repeated for blocks of 4 (the C decoder's scalar path; q4_0's
+    nibble order stays that of its blocks of 32)."""
+    kind, bits, block, d, codes, scales, zeros = args
+    per = block // 4
+    width = 2 if kind in (code_attention.BLOCK_KINDS["q8_0"], code_attention.BLOCK_KINDS["q4_0"]) else 1
+    s = scales.reshape(*scales.shape[:-1], -1, width).repeat_interleave(per, -2).reshape(*scales.shape[:-1], -1)
+    return [kind, bits, 4, d, codes, s.contiguous(), zeros]
+
+
+def tiny_model(arch: str, head_dim: int = 32) -> torch.nn.Module:
     import transformers as tf
 
     torch.manual_seed(0)
     common = dict(vocab_size=128, hidden_size=96, intermediate_size=128, num_attention_heads=6, num_key_value_heads=2,
-                  head_dim=32, max_position_embeddings=256)
+                  head_dim=head_dim, max_position_embeddings=256)
     if arch == "llama":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**common, num_hidden_layers=2)).eval()
     config = tf.Gemma3TextConfig(**common, num_hidden_layers=2, sliding_window=8, final_logit_softcapping=None,
@@ -62,7 +96,12 @@ def tiny_model(arch: str) -> torch.nn.Module:
 @pytest.mark.parametrize("name,fields", [("int", dict(bits=4, group_size=16, residual_tokens=4)),
                                          ("int", dict(bits=8, group_size=32, residual_tokens=0)),
                                          ("int", dict(bits=3, group_size=8, residual_tokens=30)), ("fp8", {}),
-                                         ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3))])
+                                         ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3)),
+                                         ("int", dict(bits=4, group_size=32, residual_tokens=2, rotate="hadamard")),
+                                         ("nvfp4", dict(residual_tokens=3)), ("mxfp4", {}),
+                                         ("mxfp8", dict(rotate="hadamard", residual_tokens=1)),
+                                         ("q8_0", dict(rotate="hadamard")), ("q4_0", {}),
+                                         ("q4_0", dict(rotate="hadamard"))])
 def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits(arch: str, name: str, fields: dict,
                                                                                  monkeypatch) -> None:
     from quantlab.engine.torch.decode import Generation
@@ -70,7 +109,7 @@ def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits
     calls = []
     attend = code_attention.attend
     monkeypatch.setattr(code_attention, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
-    model, kv = tiny_model(arch), KV_FORMATS[name].build(**fields)
+    model, kv = tiny_model(arch, 64 if "rotate" in fields else 32), KV_FORMATS[name].build(**fields)  # rotated: 64s
     ids = torch.stack([torch.arange(1, 14) * 5 % 128, torch.arange(13) * 3 % 128])
     logits = {}
     for length in (None, 13 + 12):

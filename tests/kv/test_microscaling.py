@@ -112,4 +112,6 @@ def test_labels_and_refusals() -> None:
     assert "multiple of 64" in KV_FORMATS["int4"].build(group_size=32, rotate="hadamard").check(config)
     assert KV_FORMATS["mxfp4"].build().check(config) is None
     store = CodeStore(Codec(bits=4, group_size=32, rotate=True), 1, 1, 4, 64, CPU)
-    assert not reads_codes(store)  # the C attention over codes reads unrotated stores only
+    assert reads_codes(store)  # the C attention rotates the query and the weighted sum instead
+    channel = CodeStore(Codec(bits=2, axis="channel", group_size=4, rotate=True), 1, 1, 4, 64, CPU)
+    assert not reads_codes(channel)  # keys per channel are read rotated only through their expression

@@ -2,8 +2,13 @@
 
    A static cache layer stores each position's keys and values per head as one row of codes: packed integers
    with float16 scales and packed zero points per group of channels (kind INT: value = (code - zero) * scale,
-   codes little-endian at bit i * bits of the row), or a float cast (kinds F32, F16, BF16, E4M3 with a
-   float16 scale per row). The stores are [BH, S, ·] (BH = batch x key/value heads, S = slots). Keys may also be
+   codes little-endian at bit i * bits of the row), a float cast (kinds F32, F16, BF16, E4M3 with a
+   float16 scale per row), or a block form of its own (quantlab.kv.packed.ELEMENTS): NVFP4 (e2m1 codes, an e4m3
+   scale byte per 16), MXFP4 (e2m1, an e8m0 byte per 32), MXFP8 (e4m3, e8m0 per 32), each e2m1 byte holding
+   element 2k in its low nibble, and llama.cpp's q8_0 (int8 codes, a float16 scale per 32) and q4_0 (per 32 a
+   float16 scale and 16 bytes, element j in the low nibble and j + 16 in the high one, value (code - 8) x
+   scale); their scales are [BH, S, D / block] (float16 for the ggml kinds). A rotated store is read as stored:
+   the caller rotates the query and the weighted sum. The stores are [BH, S, ·] (BH = batch x key/value heads, S = slots). Keys may also be
    stored per channel (kind INT_CHANNEL, KIVI): [S / block, BH x D, ·], each row one channel's codes over a block of
    positions with one scale and zero point; its scores are the query scaled per channel times the codes, minus the
    zero points' share, vectorized over the block's positions. For one query
@@ -18,7 +23,36 @@
 #include "common.h"
 #include <stdlib.h>
 
-enum { INT = 0, CAST_F32 = 1, CAST_F16 = 2, CAST_BF16 = 3, CAST_E4M3 = 4, INT_CHANNEL = 5 };
+enum { INT = 0, CAST_F32 = 1, CAST_F16 = 2, CAST_BF16 = 3, CAST_E4M3 = 4, INT_CHANNEL = 5,
+       NVFP4 = 6, MXFP4 = 7, MXFP8 = 8, Q8_0 = 9, Q4_0 = 10 };
+static const float E2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static inline int is_block_kind(int kind) { return kind >= NVFP4; }
+
+/* The scale of block j of a block-kind row whose scale bytes start at sc. */
+static inline float block_scale(int kind, const uint8_t* sc, int j) {
+    if (kind == NVFP4) return fp8_decode(sc[j], 0);
+    if (kind == MXFP4 || kind == MXFP8) return e8m0_to_float(sc[j]);
+    uint16_t h; memcpy(&h, sc + 2 * j, 2);
+    return half_to_float(h);
+}
+
+/* Element i of a block-kind row, unscaled. */
+static inline float block_code(int kind, const uint8_t* row, int i) {
+    switch (kind) {
+        case NVFP4: case MXFP4: {
+            int c = (row[i >> 1] >> ((i & 1) * 4)) & 15;
+            return c & 8 ? -E2M1[c & 7] : E2M1[c & 7];
+        }
+        case MXFP8: return fp8_decode(row[i], 0);
+        case Q8_0: return (float)(int8_t)row[i];
+        default: {  /* Q4_0 */
+            int k = i & 31;
+            uint8_t b = row[(i >> 5) * 16 + (k & 15)];
+            return (float)((k < 16 ? b & 15 : b >> 4) - 8);
+        }
+    }
+}
 #define CHUNK 256
 #define MAX_D 512
 
@@ -35,9 +69,11 @@ static inline int code_at(const uint8_t* row, int i, int bits) {
 typedef struct {
     int kind, bits, D, group, row_bytes, groups, zero_bytes;
     const uint8_t* data;    /* [BH, S, row_bytes] (row_bytes: the stored row's, pack's padding included) */
-    const uint16_t* scales; /* INT: [BH, S, groups] float16; E4M3: [BH, S, 1] float16; others: NULL */
+    const uint16_t* scales; /* INT: [BH, S, groups] float16; E4M3: [BH, S, 1] float16; block kinds: their scale
+                               bytes, [BH, S, groups x scale_bytes]; others: NULL */
     const uint8_t* zeros;   /* INT: [BH, S, zero_bytes], zero points packed with bits */
     int S;
+    int scale_bytes;        /* block kinds: bytes of one block's scale (2 for the ggml kinds, else 1) */
 } Store;
 
 #if defined(__AVX2__) && defined(__F16C__)
@@ -66,6 +102,53 @@ static inline __m256 codes8(const uint8_t* row, int i, int bits) {
     return _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)c));
 }
 
+/* e2m1 elements i .. i + 7 (i a multiple of 8) as floats: the magnitude from an 8-entry table in a register,
+   the code's top bit as the sign. */
+static inline __m256 e2m1_8(const uint8_t* row, int i) {
+    uint32_t w; memcpy(&w, row + i / 2, 4);
+    __m128i b = _mm_cvtsi32_si128((int)w);
+    __m256i v = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b, b));
+    v = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_loadu_si256((const __m256i*)NIBBLE_SHIFTS)), _mm256_set1_epi32(15));
+    __m256 magnitude = _mm256_permutevar8x32_ps(_mm256_loadu_ps(E2M1), v);  /* the index's low 3 bits */
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(8)), 28);
+    return _mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign));
+}
+
+/* A block-kind row decoded into out[D] (D a multiple of the block, blocks multiples of 8). */
+static inline void decode_block_row(const Store* st, const uint8_t* row, const uint8_t* sc, float* out) {
+    int D = st->D, block = st->group;
+    for (int j = 0; j < st->groups; j++) {
+        __m256 vs = _mm256_set1_ps(block_scale(st->kind, sc, j));
+        int i0 = j * block;
+        switch (st->kind) {
+            case NVFP4: case MXFP4:
+                for (int i = i0; i < i0 + block; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(e2m1_8(row, i), vs));
+                break;
+            case MXFP8:
+                vs = _mm256_mul_ps(vs, _mm256_set1_ps(256.0f));  /* fp8_widen8 gives e4m3 x 2^-8 */
+                for (int i = i0; i < i0 + block; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8_widen8(row + i, 0), vs));
+                break;
+            case Q8_0:
+                for (int i = i0; i < i0 + block; i += 8) {
+                    __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(row + i)));
+                    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(c), vs));
+                }
+                break;
+            default: {  /* Q4_0: 16 bytes per 32, low nibbles first */
+                __m128i bytes = _mm_loadu_si128((const __m128i*)(row + j * 16)), m = _mm_set1_epi8(15);
+                __m128i half[2] = {_mm_and_si128(bytes, m), _mm_and_si128(_mm_srli_epi16(bytes, 4), m)};
+                __m256 eight = _mm256_set1_ps(8.0f);
+                for (int k = 0; k < 4; k++) {
+                    __m128i part = k & 1 ? _mm_srli_si128(half[k >> 1], 8) : half[k >> 1];
+                    __m256 c = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part)), eight);
+                    _mm256_storeu_ps(out + i0 + 8 * k, _mm256_mul_ps(c, vs));
+                }
+            }
+        }
+    }
+    (void)D;
+}
+
 #endif
 
 /* Row s of head bh, dequantized into out[D]. */
@@ -73,6 +156,14 @@ static inline void decode_row(const Store* st, int bh, int s, float* out) {
     size_t r = (size_t)bh * st->S + s;
     const uint8_t* row = st->data + r * st->row_bytes;
     int D = st->D;
+    if (is_block_kind(st->kind)) {
+        const uint8_t* sc = (const uint8_t*)st->scales + r * st->groups * st->scale_bytes;
+#ifdef KV_SIMD
+        if (st->group % 8 == 0) { decode_block_row(st, row, sc, out); return; }
+#endif
+        for (int i = 0; i < D; i++) out[i] = block_code(st->kind, row, i) * block_scale(st->kind, sc, i / st->group);
+        return;
+    }
 #ifdef KV_SIMD
     if (D % 8 == 0 && (st->kind != INT || st->group % 8 == 0)) {
         switch (st->kind) {
@@ -142,8 +233,9 @@ static inline float dot(const float* q, const float* row, int D) {
 
 static Store make_store(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
                         const void* scales, const void* zeros, int S) {
-    Store st = {kind, bits, D, group, row_bytes, kind == INT ? (D + group - 1) / group : 1, zero_bytes,
-                (const uint8_t*)data, (const uint16_t*)scales, (const uint8_t*)zeros, S};
+    Store st = {kind, bits, D, group, row_bytes, kind == INT || is_block_kind(kind) ? (D + group - 1) / group : 1,
+                zero_bytes, (const uint8_t*)data, (const uint16_t*)scales, (const uint8_t*)zeros, S,
+                kind == Q8_0 || kind == Q4_0 ? 2 : 1};
     return st;
 }
 
