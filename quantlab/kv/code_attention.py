@@ -25,7 +25,7 @@ import torch
 from .. import native
 from ..errors import UnsupportedError
 from ..native.ops import native_op, register_fake
-from .packed import hadamard_rotate
+from .packed import ELEMENTS
 
 
 class CodeStore(Protocol):
@@ -138,8 +138,6 @@ def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
 def _store_args(store: CodeStore) -> tuple[int, int, int, int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     codec, t, d = store.codec, store.tensors, store.shape[2]
     if codec.element is not None:
-        from .packed import ELEMENTS
-
         return BLOCK_KINDS[codec.element], 0, ELEMENTS[codec.element][1], d, t["codes"], t["scales"], None
     if codec.bits is not None and codec.axis == "channel":
         return INT_CHANNEL, codec.bits, codec.block, d, t["packed"], t["scales"], t["zeros"]
@@ -162,8 +160,7 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     end = layer._stored_end(length)  # a tensor: the layer's length is one
     parts, positions, valid = [], [], []
     if slots:
-        key_codec = layer.key_store.codec
-        q_stored = hadamard_rotate(q, key_codec.rotate_block) if key_codec.rotate else q
+        q_stored = layer.key_store.codec.rotation(q)  # as the stored keys were rotated
         parts.append(scores_op(*_store_args(layer.key_store), end, q_stored))
         stored = torch.arange(slots, device=query.device)
         positions.append(stored)
@@ -191,9 +188,8 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     dv = layer.v_head_dim
     out = torch.zeros(b * hkv, g, dv, dtype=torch.float32, device=query.device)
     if slots:
-        value_codec = layer.value_store.codec
         stored = values_op(*_store_args(layer.value_store), end, probs[..., :slots])
-        out = out + (hadamard_rotate(stored, value_codec.rotate_block) if value_codec.rotate else stored)
+        out = out + layer.value_store.codec.rotation(stored)  # the rotation is its own inverse
     if ring:
         out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())
     return out.view(b, hq, 1, dv).transpose(1, 2).to(query.dtype).contiguous()

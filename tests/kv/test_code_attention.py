@@ -49,8 +49,7 @@ def test_scores_and_values_equal_the_products_with_the_dequantized_store(codec: 
 @pytest.mark.parametrize("codec", BLOCK_CODECS, ids=str)
 @pytest.mark.parametrize("d,g", [(64, 3), (32, 1), (96, 4)])
 @pytest.mark.parametrize("simd", [True, False])
-def test_block_forms_equal_the_products_with_the_dequantized_store(codec: Codec, d: int, g: int, simd: bool,
-                                                                   monkeypatch) -> None:
+def test_block_forms_equal_the_products_with_the_dequantized_store(codec: Codec, d: int, g: int, simd: bool) -> None:
     b, h, slots = 2, 2, 40
     store = filled_store(codec, b, h, slots, d)
     assert code_attention.reads_codes(store)

@@ -8,11 +8,11 @@
    element 2k in its low nibble, and llama.cpp's q8_0 (int8 codes, a float16 scale per 32) and q4_0 (per 32 a
    float16 scale and 16 bytes, element j in the low nibble and j + 16 in the high one, value (code - 8) x
    scale); their scales are [BH, S, D / block] (float16 for the ggml kinds). A rotated store is read as stored:
-   the caller rotates the query and the weighted sum. The stores are [BH, S, ·] (BH = batch x key/value heads, S = slots). Keys may also be
-   stored per channel (kind INT_CHANNEL, KIVI): [S / block, BH x D, ·], each row one channel's codes over a block of
-   positions with one scale and zero point; its scores are the query scaled per channel times the codes, minus the
-   zero points' share, vectorized over the block's positions. For one query
-   row per head of a group, these compute
+   the caller rotates the query and the weighted sum. The stores are [BH, S, ·] (BH = batch x key/value heads,
+   S = slots). Keys may also be stored per channel (kind INT_CHANNEL, KIVI): [S / block, BH x D, ·], each row
+   one channel's codes over a block of positions with one scale and zero point; its scores are the query scaled
+   per channel times the codes, minus the zero points' share, vectorized over the block's positions. For one
+   query row per head of a group, these compute
 
      kv_scores:  out[bh, g, s]  = q[bh, g, :] . key[bh, s, :]                (s < n_valid, else 0)
      kv_values:  out[bh, g, :]  = sum over s < n_valid of p[bh, g, s] * value[bh, s, :]
@@ -116,7 +116,7 @@ static inline __m256 e2m1_8(const uint8_t* row, int i) {
 
 /* A block-kind row decoded into out[D] (D a multiple of the block, blocks multiples of 8). */
 static inline void decode_block_row(const Store* st, const uint8_t* row, const uint8_t* sc, float* out) {
-    int D = st->D, block = st->group;
+    int block = st->group;
     for (int j = 0; j < st->groups; j++) {
         __m256 vs = _mm256_set1_ps(block_scale(st->kind, sc, j));
         int i0 = j * block;
@@ -146,7 +146,6 @@ static inline void decode_block_row(const Store* st, const uint8_t* row, const u
             }
         }
     }
-    (void)D;
 }
 
 #endif
