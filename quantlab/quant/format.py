@@ -187,9 +187,9 @@ class WeightFormat(BaseModel):
         round the input the same way (``Exporter.activations_refusal``)."""
         from .codecs import EXPORTERS, per_module_targets, targets_holding
 
-        if not all(t.folds_entirely for f in (self, *(o.format for o in self.overrides)) for t in f.transforms):
-            return ()  # the weights need their input transform at run time, which no export writes yet
         own = targets_holding(self.stored_specs(), EXPORTERS.names())
+        if self.online_transforms:  # the weights need their input transform at run time: targets that carry it
+            own = tuple(t for t in own if self.carries_online_transforms(t))
         activations = getattr(self, "activations", None)
         if activations is not None:
             own = tuple(t for t in own
@@ -198,6 +198,22 @@ class WeightFormat(BaseModel):
             return own
         return tuple(t for t in per_module_targets(own) if all(t in o.format.exports for o in self.overrides))
 
+    @property
+    def online_transforms(self) -> list[Any]:
+        """The transforms (its own and its overrides') that leave work to run time: not folded entirely."""
+        return [t for f in (self, *(o.format for o in self.overrides)) for t in f.transforms if not t.folds_entirely]
+
+    def carries_online_transforms(self, to: str) -> bool:
+        """Whether export target ``to`` carries what this format's transforms leave to run time: at most one such
+        transform per format, an input rotation, written by a target that writes those."""
+        from .codecs import EXPORTERS
+
+        if to not in EXPORTERS.names() or not EXPORTERS[to].cls.writes_input_rotations:
+            return False
+        one_each = all(sum(not t.folds_entirely for t in f.transforms) <= 1
+                       for f in (self, *(o.format for o in self.overrides)))
+        return one_each and all(t.rotates_inputs for t in self.online_transforms)
+
     exports_decided_at_export: ClassVar[bool] = False  # True: whether it exports depends on the quantized model
 
     def export_refusal(self, to: str) -> str | None:
@@ -205,15 +221,15 @@ class WeightFormat(BaseModel):
         is loaded), or None: it can, or only the quantized model can tell."""
         if to in self.exports or self.exports_decided_at_export:
             return None
-        online = [t.label for f in (self, *(o.format for o in self.overrides)) for t in f.transforms
-                  if not t.folds_entirely]
-        if online:
-            return (f"weight format {self.label} cannot be written as {to}: its transform {online[0]} acts on each "
-                    "input at run time, which no export writes yet (rotate-residual and smoothquant with others: "
-                    "skip fold into the weights and export)")
-        activations = getattr(self, "activations", None)
         from .codecs import EXPORTERS, targets_holding
 
+        online = self.online_transforms
+        if online and not self.carries_online_transforms(to):
+            return (f"weight format {self.label} cannot be written as {to}: its transform {online[0].label} acts on "
+                    f"each input at run time, which {to} does not carry (compressed-tensors carries one hadamard "
+                    "rotation per linear; rotate-residual, and smoothquant with others: skip, fold into the weights "
+                    "and export anywhere)")
+        activations = getattr(self, "activations", None)
         if activations is not None and to in targets_holding(self.stored_specs(), EXPORTERS.names()):
             why = EXPORTERS[to].cls.activations_refusal(activations)
             return f"weight format {self.label} cannot be written as {to}: {why}"

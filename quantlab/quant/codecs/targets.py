@@ -25,6 +25,7 @@ class LinearWeight:
     settings: dict[str, Any]
     activations: Any = None  # the ActivationFormat its input is rounded by, or None (weight-only)
     input_global_scale: torch.Tensor | None = None  # a static activation rounding's calibrated global scale
+    input_transform: nn.Module | None = None  # what its input passes through first (a transform's), or None
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Exporter:
     summary: ClassVar[str]
     one_setting: ClassVar[bool] = False  # the layout holds one quantization setting for every layer (no mixes)
     nearest: ClassVar[str] = ""  # the weight formats that write here, named in refusals
+    writes_input_rotations: ClassVar[bool] = False  # carries a transform's ``InputRotation`` beside the weights
 
     def write(self, model: nn.Module, linears: list[LinearWeight], folder: Path, tokenizer: Any | None,
               source: Path | None) -> ExportResult:
@@ -78,11 +80,27 @@ class Exporter:
         or None: the target says how its loaders round that input. Targets holding weights alone refuse all."""
         return f"{cls.name} holds weights alone; its loaders would not round the input to {activations.format}"
 
+    @classmethod
+    def input_transform_refusal(cls, transform: nn.Module) -> str | None:
+        """Why a linear whose input passes through ``transform`` at run time cannot be written here, or None: the
+        target carries it (an ``InputRotation``, where ``writes_input_rotations``)."""
+        from ..transforms.base import InputRotation
+
+        if isinstance(transform, InputRotation) and cls.writes_input_rotations:
+            return None
+        what = "an input rotation" if isinstance(transform, InputRotation) else f"an input transform ({transform})"
+        return (f"its input passes through {what} at run time, which {cls.name} does not carry (compressed-tensors "
+                "writes one Hadamard rotation per linear; transforms that fold entirely export everywhere)")
+
     def refusal(self, module: LinearWeight) -> str | None:
         """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None: its
         form's codec for this target, asked of the tensor, and the input rounding, asked of the target."""
         if module.activations is not None:
             why = self.activations_refusal(module.activations)
+            if why:
+                return why
+        if module.input_transform is not None:
+            why = self.input_transform_refusal(module.input_transform)
             if why:
                 return why
         q = module.stored

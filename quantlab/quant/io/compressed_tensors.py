@@ -5,6 +5,13 @@ Each module is written by its stored form's codec (``quant/forms/<form>/codecs.p
 ``mxfp4-pack-quantized`` and ``mxfp8-quantized``. Each distinct scheme is a config group whose targets are its
 modules' names, so per-module mixes keep each module's own scheme; linears left in floating point are
 ``ignore``d. The numbers are those the model holds.
+
+A linear whose input is rotated at run time (a ``hadamard`` transform, its inverse folded into the weight) is
+written as llm-compressor's QuIP modifier writes its ``v`` rotation: a ``transform_config`` scheme with an online
+``input`` transform and the ``weight_input`` one already fused, and the rotation's ±1 matrix as
+``<linear>.<scheme>_input.weight``, once per size (transformers' tied weights; vLLM shares one tensor per scheme
+and size). Sylvester's unsigned matrices are type ``hadamard`` (vLLM applies them by its fast transform), any
+other ``random-hadamard`` (applied from the matrix written).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from .export import EXPORTERS, Exporter, ExportResult, LinearWeight, other_tenso
 class CompressedTensorsExporter(Exporter):
     name = "compressed-tensors"
     nearest = "format: int4 (group_size 32-128, symmetric or not), int8, fp8 (e4m3), mxfp4, mxfp8 or nvfp4"
+    writes_input_rotations = True
 
     @classmethod
     def activations_refusal(cls, activations: Any) -> str | None:
@@ -80,6 +88,14 @@ class CompressedTensorsExporter(Exporter):
         qconfig = {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
                    "quantization_status": "compressed", "config_groups": config_groups, "ignore": ignore,
                    "kv_cache_scheme": None, "version": compressed_tensors.__version__}
+        rotations = input_rotations(linears, dtype)
+        if rotations is not None:
+            qconfig["transform_config"], written = rotations
+            tensors.update(written)
+            result.notes.append(f"online input rotations: {len(written)} matrices written "
+                                f"({sum(t.numel() * t.element_size() for t in written.values()) / 2**20:.1f} MiB), "
+                                "applied by vLLM's compressed-tensors transforms; transformers does not apply "
+                                "transform_config")
         result.files = write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
         result.notes += sorted(notes)
         if any(not g["weights"]["symmetric"] and g["format"] == "pack-quantized" for g in groups.values()):
@@ -135,3 +151,41 @@ def input_activations(activations: Any) -> tuple[dict[str, Any] | None, str | No
         args = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy="group", group_size=group_size,
                                 dynamic=True)
     return args.model_dump(mode="json"), None
+
+
+def input_rotations(linears: list[LinearWeight], dtype: torch.dtype
+                    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """The ``transform_config`` and the tensors that carry the linears' input rotations (``InputRotation``), or
+    None where no linear has one. A scheme (``v``, then ``v_1`` ...) holds one kind and one matrix per size, as
+    its loaders share them; each matrix is written once, under the first linear of its scheme and size."""
+    from compressed_tensors.transform import TransformArgs, TransformConfig, TransformScheme
+
+    schemes: list[tuple[str, dict[int, torch.Tensor], list[str]]] = []  # kind, matrix per size, targets
+    tensors: dict[str, torch.Tensor] = {}
+    for lw in linears:
+        if lw.input_transform is None:
+            continue
+        kind = "hadamard" if lw.input_transform.sylvester else "random-hadamard"
+        matrix = lw.input_transform.matrix()
+        n = matrix.shape[0]
+        found = next((i for i, (k, held, _) in enumerate(schemes)
+                      if k == kind and (n not in held or torch.equal(held[n], matrix))), None)
+        if found is None:
+            schemes.append((kind, {}, []))
+            found = len(schemes) - 1
+        _, held, targets = schemes[found]
+        if n not in held:
+            held[n] = matrix
+            tensors[f"{lw.name}.{scheme_name(found)}_input.weight"] = matrix.to(dtype).cpu().contiguous()  # ±1
+        targets.append(lw.name)
+    if not schemes:
+        return None
+    config = TransformConfig(config_groups={scheme_name(i): TransformScheme(type=kind, apply=[
+        TransformArgs(targets=targets, location="input"),  # at run time
+        TransformArgs(targets=targets, location="weight_input", inverse=True)])  # fused into the weights written
+        for i, (kind, _, targets) in enumerate(schemes)})
+    return config.model_dump(mode="json"), tensors
+
+
+def scheme_name(i: int) -> str:
+    return "v" if i == 0 else f"v_{i}"

@@ -46,7 +46,7 @@ def quantized_linears(model: nn.Module) -> list[LinearWeight]:
             static = getattr(rounding, "input_global_scale", None) if activations is not None and activations.static \
                 else None
             linears.append(LinearWeight(name, stored, None if module.bias is None else module.bias.data,
-                                        module.settings, activations, static))
+                                        module.settings, activations, static, module.input_transform))
         elif isinstance(module, BlockEmbedding) and not module.tied:  # a tied one is written as its head
             linears.append(LinearWeight(name, module.stored(), None, {"method": "gguf", "embedding": True}))
     return linears

@@ -32,6 +32,12 @@ class Transform(BaseModel):
         the rounded weights computes what was measured."""
         return False
 
+    @property
+    def rotates_inputs(self) -> bool:
+        """Whether what it leaves to run time is an ``InputRotation`` per linear (which export targets that write
+        input rotations can carry)."""
+        return False
+
     def input_module(self, in_features: int, device: torch.device) -> nn.Module:
         raise NotImplementedError
 
@@ -54,6 +60,22 @@ class Transform(BaseModel):
 
 
 TRANSFORMS: Registry[Transform] = Registry("transform")
+
+
+class InputRotation(nn.Module):
+    """An input transform that is an orthogonal rotation ``x ↦ x M / √n`` by an ``n × n`` matrix ``M`` of ±1
+    entries: the run-time half of a rotation whose inverse is folded into the weight, as compressed-tensors'
+    transform configs describe it (location ``input``, its weight ``M``)."""
+
+    def matrix(self) -> torch.Tensor:
+        """``M``, float32, entries ±1."""
+        raise NotImplementedError
+
+    @property
+    def sylvester(self) -> bool:
+        """Whether ``M`` is Sylvester's Hadamard matrix of a power-of-two order (no signs), which engines may apply
+        by a fast transform instead of reading ``M``."""
+        return False
 
 
 class Chain(nn.Module):

@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from .base import TRANSFORMS, Transform
+from .base import TRANSFORMS, InputRotation, Transform
 
 
 def known_factor(n: int) -> torch.Tensor:
@@ -44,7 +44,7 @@ def butterfly(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return (factor.to(v.device) @ v).reshape(shape)
 
 
-class HadamardRotation(nn.Module):
+class HadamardRotation(InputRotation):
     """``x ↦ x Ĥ`` in the input's dtype (computed in float32)."""
 
     def __init__(self, signs: torch.Tensor, factor: torch.Tensor) -> None:
@@ -55,6 +55,14 @@ class HadamardRotation(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (butterfly(x.float() * self.signs, self.factor) * self.scale).to(x.dtype)
+
+    def matrix(self) -> torch.Tensor:
+        return butterfly(torch.diag(self.signs.float()), self.factor).round()  # ±1: D H
+
+    @property
+    def sylvester(self) -> bool:
+        n = self.signs.numel()
+        return n & (n - 1) == 0 and bool((self.signs == 1).all())  # the construction is Sylvester's there
 
     def extra_repr(self) -> str:
         return f"n={self.signs.numel()}, K={self.factor.shape[0]}"
@@ -71,6 +79,10 @@ class Hadamard(Transform):
     @property
     def label(self) -> str:
         return f"had{'r' + str(self.seed) if self.randomize else ''}"
+
+    @property
+    def rotates_inputs(self) -> bool:
+        return True
 
     def signs(self, n: int) -> torch.Tensor:
         """compressed-tensors' ``random_hadamard_matrix`` draws: ``randint(0, 2, (n,))`` from the seeded

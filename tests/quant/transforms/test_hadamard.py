@@ -75,8 +75,8 @@ def test_gptq_sees_the_rotated_inputs_and_the_layer_applies_what_it_measured() -
 
 def test_the_recipe_form_labels_and_refusals() -> None:
     fmt = build_format({"format": "int4", "group_size": 32, "transforms": [{"name": "hadamard", "randomize": True}]})
-    assert fmt.label == "int4-g32-asym-hadr0" and fmt.exports == ()
-    assert "hadr0 acts on each input at run time" in fmt.export_refusal("compressed-tensors")
+    assert fmt.label == "int4-g32-asym-hadr0" and fmt.exports == ("compressed-tensors",)  # the rotation carried
+    assert "hadr0 acts on each input at run time, which gguf does not carry" in fmt.export_refusal("gguf")
     assert build_format(WEIGHT_FORMATS.recipe_entry(fmt)) == fmt
     gptq = build_format({"format": "gptq", "bits": 4, "group_size": 32, "act_order": True, "transforms": ["hadamard"]})
     assert gptq.label.endswith("-act-had") and gptq.label.count("-had") == 1  # once, after the subclass's tags
