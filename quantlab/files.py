@@ -14,8 +14,14 @@ EXPORTS_DIR = "exports"
 
 
 def export_folder(run_folder: Path, label: str, to: str) -> Path:
-    """``exports/<label>/<target>`` under the run folder, the label made a folder name."""
-    return run_folder / EXPORTS_DIR / re.sub(r"[^A-Za-z0-9._+-]+", "_", label) / to
+    """``exports/<label>/<target>`` under the run folder, the label made a folder name (a label over 96 characters,
+    a per-layer mix's, cut to 80 and followed by a digest of the whole, so that it stays one short name)."""
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", label)
+    if len(name) > 96:
+        import hashlib
+
+        name = f"{name[:80]}-{hashlib.sha256(label.encode()).hexdigest()[:12]}"
+    return run_folder / EXPORTS_DIR / name / to
 
 
 def _umask_mode() -> int:

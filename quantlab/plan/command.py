@@ -68,14 +68,22 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
     new_kv = [] if build_kv_format(entries["kv_cache"]) in recipe.kv_cache else [entries["kv_cache"]]  # a uniform one
     raw.update({"name": f"{recipe.name}-plan", "weights": [*(raw.get("weights") or [baseline.label]), *new_weights],
                 "kv_cache": [*(raw.get("kv_cache") or ["native"]), *new_kv]})
+    planned_weights, planned_kv = build_format(entries["weights"]), build_kv_format(entries["kv_cache"])
+    targets = {to: planned_weights.export_refusal(to) for to in SERVING_TARGETS}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
-    planned_weights, planned_kv = build_format(entries["weights"]), build_kv_format(entries["kv_cache"])
     variant = next(v.label for v in load_recipe(out / "plan-recipe.yaml").variants()
                    if v.weight == planned_weights and v.kv == planned_kv)
+    exported = [to for to, refusal in targets.items() if refusal is None]
+    if exported:  # the run that measures the plan writes its deployable folders from the model it measured
+        raw["export"] = [*(raw.get("export") or []), {"variants": [variant], "to": exported}]
+        atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
     layers = len(layer_windows(model.config))
     return write_plan(result, entries, out, serve_lines(variant, planned_kv, layers, spec.context_tokens,
-                                                        spec.batch_size))
+                                                        spec.batch_size, targets))
+
+
+SERVING_TARGETS = ("gguf", "compressed-tensors")  # what llama.cpp and vLLM load
 
 
 def measure_plan(result: Any, model: torch.nn.Module, entries: dict[str, Any], weights: list[Any], kvs: list[Any],

@@ -8,6 +8,7 @@ differs."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from ..kv.format import KVFormat
 
@@ -62,29 +63,36 @@ def vllm_cache(formats: list[KVFormat]) -> tuple[str, list[int], str]:
     return "fp8", skip, note
 
 
-def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, batch_size: int) -> list[str]:
-    """plan.md's section on measuring, exporting and serving the plan (``variant``: its label in plan-recipe.yaml)."""
+def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, batch_size: int,
+                refusals: dict[str, str | None]) -> list[str]:
+    """plan.md's section on measuring, exporting and serving the plan (``variant``: its label in plan-recipe.yaml;
+    ``refusals``: per export target, why the plan's weights cannot be written there, or None: plan-recipe.yaml
+    exports them)."""
+    from ..files import export_folder
+
     formats = layer_formats(kv, layers)
     ctk, ctv, llama_note = llama_server_cache(formats)
     dtype, skip, vllm_note = vllm_cache(formats)
+    run = Path("runs/plan")
+    gguf, ct = (export_folder(run, variant, to) for to in ("gguf", "compressed-tensors"))
     fa = " -fa on" if ctv not in ("f16", "bf16", "f32") else ""  # a quantized V cache needs flash attention
-    vllm = (f"vllm serve plan-ct --max-model-len {context_tokens} --max-num-seqs {batch_size}"
+    vllm = (f"vllm serve {ct} --max-model-len {context_tokens} --max-num-seqs {batch_size}"
             + (f" --kv-cache-dtype {dtype}" if dtype != "auto" else "")
             + (f" --kv-cache-dtype-skip-layers {' '.join(map(str, skip))}" if dtype != "auto" and skip else ""))
+    commands = [f"quantlab run plan-recipe.yaml --out {run}"]
+    if refusals.get("gguf") is None:
+        commands.append(f"llama-server -m {gguf / 'model.gguf'} -c {context_tokens * batch_size} -np {batch_size}"
+                        f"{fa} -ctk {ctk} -ctv {ctv}")
+    if refusals.get("compressed-tensors") is None:
+        commands.append(vllm)
+    written = [to for to, why in refusals.items() if why is None]
     return [
         "## Serving it", "",
-        "Measure the plan whole (its KL beside the prediction, every uniform configuration beside it), then export "
-        "the measured weights and serve them:", "",
-        "```",
-        "quantlab run plan-recipe.yaml --out runs/plan",
-        f"quantlab export runs/plan --variant '{variant}' --to gguf --out plan-gguf",
-        f"quantlab export runs/plan --variant '{variant}' --to compressed-tensors --out plan-ct",
-        f"llama-server -m plan-gguf/model.gguf -c {context_tokens * batch_size} -np {batch_size}{fa} "
-        f"-ctk {ctk} -ctv {ctv}",
-        vllm,
-        "```", "",
+        "Measure the plan whole (its KL beside the prediction, every uniform configuration beside it); the same run "
+        + (f"writes the measured weights as {' and '.join(written)} under {run / 'exports'}" if written else
+           "cannot export them") + ", then serve them:", "",
+        "```", *commands, "```", "",
         f"- llama.cpp's cache: {llama_note}.",
         f"- vLLM's cache: {vllm_note}.",
-        "- An export refuses, with its reason, a weight format that has no form in the target.",
+        *(f"- Not exported to {to}: {why}." for to, why in refusals.items() if why is not None),
     ]
-

@@ -164,8 +164,14 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
     assert planned.baseline_label == "fp32/kv-native" and len(planned.variants()) == len(weights) * len(kvs)
     import re
 
-    served = re.search(r"--variant '([^']+)' --to gguf", path.read_text())  # the export names the plan's variant
-    assert served and served.group(1) in [v.label for v in planned.variants()] and served.group(1) != "fp32/kv-native"
+    exports = planned.export  # the run that measures the plan exports it where its weights have a form
+    chosen = exports[0].variants[0]
+    assert chosen in [v.label for v in planned.variants()] and chosen != "fp32/kv-native"
+    variant = planned.variant_named(chosen)
+    assert exports[0].to == [t for t in ("gguf", "compressed-tensors") if variant.weight.export_refusal(t) is None]
+    assert "compressed-tensors" in exports[0].to
+    assert f"vllm serve runs/plan/exports/{re.sub('[^A-Za-z0-9._+-]+', '_', chosen)}/compressed-tensors" \
+        in path.read_text()
 
 
 def json_choice(path: Path) -> dict:

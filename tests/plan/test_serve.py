@@ -43,6 +43,12 @@ def test_a_per_layer_cache_takes_the_smallest_type_in_llama_cpp_and_skips_layers
     assert ctk == ctv == "q4_0" and "for all 5 layers" in note and "f16 in 2" in note
     dtype, skip, _ = vllm_cache(formats)
     assert dtype == "fp8" and skip == [0, 4]
-    lines = "\n".join(serve_lines("w/kv-x", kv, 5, 8192, 8))
-    assert "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 0 4" in lines
-    assert "-c 65536 -np 8 -fa on -ctk q4_0 -ctv q4_0" in lines and "--variant 'w/kv-x'" in lines
+    lines = "\n".join(serve_lines("w/kv-x", kv, 5, 8192, 8, {"gguf": None, "compressed-tensors": None}))
+    assert "vllm serve runs/plan/exports/w_kv-x/compressed-tensors --max-model-len 8192 --max-num-seqs 8 " \
+           "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 0 4" in lines
+    assert "llama-server -m runs/plan/exports/w_kv-x/gguf/model.gguf -c 65536 -np 8 -fa on -ctk q4_0 -ctv q4_0" \
+        in lines
+    assert "writes the measured weights as gguf and compressed-tensors under runs/plan/exports" in lines
+    refused = "\n".join(serve_lines("w/kv-x", kv, 5, 8192, 8, {"gguf": "no Q8 asymmetric groups",
+                                                                "compressed-tensors": None}))
+    assert "llama-server" not in refused and "- Not exported to gguf: no Q8 asymmetric groups." in refused

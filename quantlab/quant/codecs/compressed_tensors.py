@@ -5,8 +5,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..tensors.base import WeightTensor
-from .base import Codec
+from ..tensors.base import Spec, WeightTensor
+from .base import Codec, register_codec
 
 
 class CompressedTensorsCodec(Codec):
@@ -26,3 +26,15 @@ class CompressedTensorsCodec(Codec):
     def deviation(self, q: WeightTensor, dtype: torch.dtype) -> float:
         """Largest change to the weight from writing it (0: the same numbers)."""
         return 0.0
+
+
+class DenseCodec(CompressedTensorsCodec):
+    """Weights left in floating point (``fp32``/``bf16``/``fp16``, a mix's unquantized layers): compressed-tensors
+    lists such linears in ``ignore`` and the exporter writes them with the model's other tensors."""
+
+    def claims(self, spec: Spec) -> str | None:
+        dtype = spec["dtype"]
+        return None if dtype in ("float32", "float16", "bfloat16") else f"{dtype} weights are no transformers dtype"
+
+
+register_codec("dense", DenseCodec())

@@ -96,6 +96,9 @@ class CompressedTensorsExporter(Exporter):
                                 f"({sum(t.numel() * t.element_size() for t in written.values()) / 2**20:.1f} MiB), "
                                 "applied by vLLM's compressed-tensors transforms; transformers does not apply "
                                 "transform_config")
+        if not linears:  # nothing quantized: a plain transformers checkpoint
+            qconfig = None
+            result.notes.append("no quantized linear: written as a plain transformers checkpoint")
         result.files = write_checkpoint(model, folder, tensors, qconfig, tokenizer, source)
         result.notes += sorted(notes)
         if any(not g["weights"]["symmetric"] and g["format"] == "pack-quantized" for g in groups.values()):

@@ -100,16 +100,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "generation_config.json")
 
 
-def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Tensor], qconfig: dict[str, Any],
-                     tokenizer: Any | None, source: Path | None = None) -> list[str]:
+def write_checkpoint(model: nn.Module, folder: Path, tensors: dict[str, torch.Tensor],
+                     qconfig: dict[str, Any] | None, tokenizer: Any | None, source: Path | None = None) -> list[str]:
     """A transformers checkpoint folder: ``model.safetensors``, ``config.json`` carrying ``qconfig`` as its
-    ``quantization_config``, and the tokenizer: the loaded one, else the source folder's tokenizer files
+    ``quantization_config`` (None: none), and the tokenizer: the loaded one, else the source folder's tokenizer files
     (GPTQModel loads a folder only with its tokenizer). Returns the names of the files written."""
     from ...files import save_safetensors
 
     save_safetensors(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = model.config.to_dict()
-    config["quantization_config"] = qconfig
+    if qconfig is not None:
+        config["quantization_config"] = qconfig
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
     files = ["model.safetensors", "config.json"]
     if tokenizer is not None:

@@ -30,6 +30,7 @@ CASES: dict[tuple[str, str], list[dict[str, Any] | str]] = {
     ("compressed-tensors", "float8"): [{"format": "fp8"}, {"format": "fp8", "block_size": 128}],
     ("compressed-tensors", "mx"): [{"format": "mxfp4"}, {"format": "mxfp8"}],
     ("compressed-tensors", "nvfp4"): [{"format": "nvfp4"}],
+    ("compressed-tensors", "dense"): [{"format": "fp32"}, {"format": "bf16"}],  # a plain checkpoint
     ("gguf", "affine"): [{**INT4_ASYM, "symmetric": True}, INT4_ASYM, {"format": "rtn", "bits": 5, "group_size": 32},
                          {"format": "int8", "group_size": 32, "symmetric": True}],  # Q4_0, Q4_1, Q5_1, Q8_0
     ("gguf", "float_zero"): [{"format": "int4", "group_size": 32, "zero_point": "float"}],
@@ -68,8 +69,12 @@ def _as_whole_float_zeros(model: torch.nn.Module) -> None:
 
 
 def _compressed_tensors(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    import json
+
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
+    if "quantization_config" not in json.loads((folder / "config.json").read_text()):  # nothing quantized
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype,
                                                 quantization_config=CompressedTensorsConfig(dequantize=True))
 

@@ -10,6 +10,7 @@ pytest.importorskip("compressed_tensors")
 
 from quantlab import UnsupportedError, export_, quantize_  # noqa: E402
 from quantlab.extend import WEIGHT_FORMATS  # noqa: E402
+from quantlab.quant.format import build_format  # noqa: E402
 from tests.conftest import make_llama  # noqa: E402
 
 IDS = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -148,3 +149,23 @@ def test_a_symmetric_format_computed_in_bf16_is_written_symmetric_and_loads(tmp_
     measured, back = _logits(model), _logits(loaded)
     assert (back.argmax(-1) == measured.argmax(-1)).float().mean() >= 0.99
     assert (back - measured).abs().max() <= 2e-2 * measured.abs().max()
+
+
+def test_a_plan_s_mix_with_layers_kept_in_float_loads_with_the_measured_logits(tmp_path: Path) -> None:
+    """A float base with quantized layers (what ``quantlab plan`` chooses): the float linears are ignored and
+    written as they are, the others as their scheme."""
+    from transformers import AutoModelForCausalLM
+
+    model = make_llama()
+    mix = build_format({"format": "cast", "dtype": "float32", "overrides": [
+        {"modules": ["model.layers.1.*"], "format": "rtn", "bits": 4, "group_size": 32, "symmetric": True}]})
+    assert "compressed-tensors" in mix.exports and "gguf" in mix.exports
+    quantize_(model, mix)
+    export_(model, "compressed-tensors", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    (group,) = config["config_groups"].values()
+    assert all(t.startswith("model.layers.1.") for t in group["targets"]) and len(group["targets"]) == 7
+    assert "model.layers.0.mlp.down_proj" in config["ignore"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    measured, back = _logits(model), _logits(loaded)
+    assert (back - measured).abs().max() <= 1e-4 * measured.abs().max()
