@@ -30,6 +30,8 @@ class Group:
     name: str
     kind: GroupKind
     options: tuple[Option, ...]
+    in_uniform: bool = True  # False: a uniform configuration keeps its first option (the output head, which a
+    # weight format leaves as it is unless named)
 
 
 @dataclass
@@ -73,13 +75,14 @@ def uniform_plans(groups: list[Group], budget_bytes: int, fixed_bytes: int = 0) 
     """Every uniform configuration (one weight option everywhere, one KV option everywhere) that every group of
     its kind offers, fitting or not (``total_bytes`` against ``budget_bytes`` says which fit)."""
     def common(kind: str) -> list[str]:
-        labels = [[o.label for o in g.options] for g in groups if g.kind == kind]
+        labels = [[o.label for o in g.options] for g in groups if g.kind == kind and g.in_uniform]
         return [label for label in labels[0] if all(label in row for row in labels)] if labels else [""]
 
     out = []
     for w in common("weights"):
         for k in common("kv"):
-            picks = [next(i for i, o in enumerate(g.options) if o.label == (w if g.kind == "weights" else k))
+            picks = [0 if not g.in_uniform else
+                     next(i for i, o in enumerate(g.options) if o.label == (w if g.kind == "weights" else k))
                      for g in groups]
             out.append(_plan(groups, picks, fixed_bytes, budget_bytes, True, (w, k)))
     return out

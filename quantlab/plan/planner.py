@@ -1,6 +1,6 @@
-"""``quantlab plan``: a recipe's weight formats per decoder layer and its KV formats per layer, chosen together for
-the least predicted divergence whose memory at a workload (``batch`` sequences of ``context`` positions) fits a
-budget. The costs are measured: each weight group by the sensitivity scan (``quant.mixed.sensitivity``: the group
+"""``quantlab plan``: a recipe's weight formats per decoder layer (the output head a group of its own) and its KV
+formats per layer, chosen together for the least predicted divergence whose memory at a workload (``batch``
+sequences of ``context`` positions) fits a budget. The costs are measured: each weight group by the sensitivity scan (``quant.mixed.sensitivity``: the group
 alone in the format, KL over the baseline's top 128 tokens, a lower bound), each KV layer group through the cache
 (``kv_scan``: the whole vocabulary). The memory is the weights' layout bytes, every other parameter at its dtype,
 the cache's bytes by each format's formula at the workload (``kv.format.layer_kv_bytes``), and the terms no
@@ -84,19 +84,25 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
     from ..quant.mixed.groups import group_linears
     from ..quant.mixed.sensitivity import scan
 
-    selected = select_linears(model)[0]
+    selected, heads = select_linears(model)  # the output head apart: a group of its own
     base = model.get_submodule(selected[0]).weight.dtype
-    weight_groups = group_linears(model, selected, "layer")
-    shapes = {n: tuple(model.get_submodule(n).weight.shape) for n in selected}
-    log(f"weight scan: {len(weight_groups)} layer groups x {len(weight_formats)} formats")
+    weight_groups = group_linears(model, selected + heads, "layer")
+    shapes = {n: tuple(model.get_submodule(n).weight.shape) for n in selected + heads}
+    log(f"weight scan: {len(weight_groups)} groups (decoder layers, output head) x {len(weight_formats)} formats")
     rows = scan(model, weight_groups, weight_formats, scan_samples, calibration) if weight_formats else []
     cost = {(r["group"], r["format"]): float(r["kl_divergence_mean"]) for r in rows}
+    table = model.get_input_embeddings().weight
     groups: list[Group] = []
     for g in weight_groups:
-        options = [Option(baseline.label, sum(o * i for o, i in (shapes[n] for n in g.modules)) * base.itemsize, 0.0)]
-        options += [Option(f.scheme_label, sum(f.linear_weight_bytes(*shapes[n], base) for n in g.modules),
+        dense = sum(o * i for o, i in (shapes[n] for n in g.modules)) * base.itemsize
+        # a head tied to the lookup table: quantizing it keeps the table beside it, unless the format's head
+        # holds the lookup (one table in its blocks)
+        tied = [n for n in g.modules if model.get_submodule(n).weight is table]
+        options = [Option(baseline.label, dense, 0.0)]
+        options += [Option(f.scheme_label, sum(f.linear_weight_bytes(*shapes[n], base) for n in g.modules)
+                           + (0 if f.head_holds_lookup_table else sum(table.numel() for _ in tied) * base.itemsize),
                            cost[(g.name, f.scheme_label)]) for f in weight_formats]
-        groups.append(Group(f"weights {g.name}", "weights", tuple(options)))
+        groups.append(Group(f"weights {g.name}", "weights", tuple(options), in_uniform=not set(g.modules) & set(heads)))
     config = model.config
     layers = kv_groups(config, kv_group_layers)
     log(f"KV scan: {len(layers)} layer groups x {len(kv_formats)} formats, {kv_windows.shape[0]} windows of "
@@ -115,14 +121,14 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
         groups.append(Group(f"kv layers {'-'.join(map(str, (lay[0], lay[-1]))) if len(lay) > 1 else lay[0]}", "kv",
                             tuple(options)))
     reserved = dict(reserved or {})
-    parameters = _fixed_bytes(model, selected)
+    parameters = _fixed_bytes(model, selected + heads)  # a tied table counted in its head's group
     fixed = parameters + sum(t.bytes for t in reserved.values())
     plan = choose_plan(groups, workload.memory_bytes, fixed)
     smallest = fixed + sum(min(o.bytes for o in g.options) for g in groups)
     largest = fixed + sum(max(o.bytes for o in g.options) for g in groups)
     budgets = [smallest + (largest - smallest) * k // 24 for k in range(25)]
     provenance = {
-        "weights": f"each decoder layer's linears alone in each format, KL over the baseline's top 128 tokens (a lower "
+        "weights": f"each decoder layer's linears, and the output head, alone in each format, KL over the baseline's top 128 tokens (a lower "
                    f"bound) on {len(scan_samples)} calibration windows of {scan_samples[0].shape[-1]} tokens",
         "kv": f"each group of {kv_group_layers} layer(s) alone in each format, KL over the whole vocabulary through "
               f"the cache ({chunk_tokens} tokens a step) on {kv_windows.shape[0]} windows of {kv_windows.shape[1]} "

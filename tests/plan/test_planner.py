@@ -39,14 +39,20 @@ def test_the_plan_fits_and_beats_every_uniform_configuration_that_fits(planned) 
     model, result, _ = planned
     plan, budget = result.plan, result.workload.memory_bytes
     assert plan.exact and plan.total_bytes <= budget
-    assert len(result.groups) == 6 + 2  # a weight group per layer, KV groups of 3 layers
+    assert len(result.groups) == 6 + 1 + 2  # a weight group per layer, the output head, KV groups of 3 layers
     fitting = [u for u in result.uniform if u.total_bytes <= budget]
     assert fitting and plan.predicted_kl_nats <= min(u.predicted_kl_nats for u in fitting) + 1e-12
     assert all(g.options[0].kl_nats == 0.0 for g in result.groups)  # the baseline's own option costs nothing
+    head = next(g for g in result.groups if g.name == "weights lm_head")
+    table = model.get_input_embeddings().weight.numel() * 4
     for g in result.groups:  # fewer bits, more divergence, fewer bytes
         by = {o.label.split("-")[0]: o for o in g.options}
-        assert by["int4"].bytes < by["int8"].bytes < g.options[0].bytes
         assert by["int4"].kl_nats > by["int8"].kl_nats > 0
+        if g is head:  # tied: a quantized head keeps the lookup table beside it, so it only costs bytes
+            assert g.options[0].bytes == table and by["int8"].bytes > table and not g.in_uniform
+        else:
+            assert by["int4"].bytes < by["int8"].bytes < g.options[0].bytes
+    assert all(u.choice["weights lm_head"].label == "fp32" for u in result.uniform)  # as the plain formats leave it
     assert [p.predicted_kl_nats for p in result.frontier] == sorted((p.predicted_kl_nats for p in result.frontier),
                                                                       reverse=True)
 
@@ -57,13 +63,14 @@ def test_the_memory_is_the_formats_own_arithmetic(planned) -> None:
     uniform = {u.uniform: u for u in result.uniform}
     base_linears = sum(m.weight.numel() * 4 for n, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and n != "lm_head")
+    table = model.get_input_embeddings().weight.numel() * 4
     for kv in [native, *kvs]:
         u = uniform[("fp32", kv.label)]
         assert u.bytes_by_kind["kv"] == kv.cache_bytes_analytic(model.config, w.batch_size, w.context_tokens,
                                                                 torch.float32)
-        assert u.bytes_by_kind["weights"] == base_linears
+        assert u.bytes_by_kind["weights"] == base_linears + table  # the tied table counted as the head's
     params = {p.untyped_storage().data_ptr(): p.numel() * 4 for p in model.parameters()}
-    assert result.fixed_bytes + base_linears == sum(params.values())  # every parameter counted once
+    assert result.fixed_bytes + base_linears + table == sum(params.values())  # every parameter counted once
 
 
 def test_the_plan_deploys_as_recipe_entries(planned, tmp_path: Path) -> None:
@@ -162,7 +169,6 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
     chosen_kv = {o.label for name, o in json_choice(tmp_path / "plan" / "plan.json").items() if name.startswith("kv")}
     assert len(kvs) == (2 if len(chosen_kv) == 1 else 3)
     assert planned.baseline_label == "fp32/kv-native" and len(planned.variants()) == len(weights) * len(kvs)
-    import re
 
     exports = planned.export  # the run that measures the plan exports it where its weights have a form
     chosen = exports[0].variants[0]
@@ -170,8 +176,9 @@ def test_run_plan_writes_a_recipe_that_measures_the_plan_beside_the_recipe_s_for
     variant = planned.variant_named(chosen)
     assert exports[0].to == [t for t in ("gguf", "compressed-tensors") if variant.weight.export_refusal(t) is None]
     assert "compressed-tensors" in exports[0].to
-    assert f"vllm serve runs/plan/exports/{re.sub('[^A-Za-z0-9._+-]+', '_', chosen)}/compressed-tensors" \
-        in path.read_text()
+    from quantlab.files import export_folder
+
+    assert f"vllm serve {export_folder(Path('runs/plan'), chosen, 'compressed-tensors')} " in path.read_text()
 
 
 def json_choice(path: Path) -> dict:
@@ -273,3 +280,30 @@ def tokenize_bundled() -> torch.Tensor:
     from transformers import AutoTokenizer
 
     return tokenize(AutoTokenizer.from_pretrained(bundled_models()["tiny-stdlib-llama"]), load_text("bundled-heldout"))
+
+
+def test_an_untied_output_head_is_a_group_the_plan_can_quantize() -> None:
+    from tests.conftest import make_llama
+
+    model = make_llama(tie_word_embeddings=False)
+    ids = torch.randint(0, 4096, (1, 128), generator=torch.Generator().manual_seed(0))
+    baseline, int4 = build_format("fp32"), build_format({"format": "int4", "group_size": 32})
+    native = KV_FORMATS["native"].build()
+    samples = [ids[:, :64], ids[:, 64:]]
+    head_bytes = 4096 * 128 * 4
+    smallest = plan_model(model, baseline, [int4], native, [], Calibration(samples), samples, ids[:, :64],
+                          Workload(1 << 40, 256, 1), chunk_tokens=32)
+    head = next(g for g in smallest.groups if g.name == "weights lm_head")
+    assert head.options[0].bytes == head_bytes and head.options[1].bytes == int4.linear_weight_bytes(
+        4096, 128, torch.float32) < head_bytes and head.options[1].kl_nats > 0 and not head.in_uniform
+    budget = smallest.fixed_bytes + sum(min(o.bytes for o in g.options) for g in smallest.groups)
+    tight = plan_model(model, baseline, [int4], native, [], Calibration(samples), samples, ids[:, :64],
+                       Workload(budget, 256, 1), chunk_tokens=32)
+    assert tight.plan.choice["weights lm_head"].label == int4.scheme_label  # only the smallest options fit
+    entries = deployable(tight, baseline, [int4], native, [])
+    assert any("lm_head" in o["modules"] for o in entries["weights"]["overrides"])
+    from quantlab import quantize_
+    from quantlab.quant.linear import QuantizedLinear
+
+    quantize_(model, build_format(entries["weights"]))
+    assert isinstance(model.lm_head, QuantizedLinear)  # the deployed weights quantize the head as planned
