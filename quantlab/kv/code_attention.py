@@ -9,7 +9,8 @@ Both C functions are registered torch ops with fake implementations, so the path
 
 Layouts read: packed integers per position (token axis, any width 2-8, groups along the head dimension), keys
 per channel (KIVI: one scale and zero point per channel over a block of positions), float casts (float32,
-float16, bfloat16, float8 e4m3 with its per-position scale) and the block forms of ``packed.ELEMENTS`` (NVFP4,
+float16, bfloat16, float8 e4m3 with its per-position scale, or with static per-head scales applied to each head's
+scores and weighted values) and the block forms of ``packed.ELEMENTS`` (NVFP4,
 MXFP4, MXFP8, llama.cpp's q8_0 and q4_0). A Hadamard-rotated store (``rotate: hadamard``) is read as stored: the
 query is rotated as the keys were (q . k = Hq . Hk, the matrix orthonormal) and the weighted sum of the rotated
 values is rotated back (the matrix is its own inverse), so a rotated cache costs two small products a step.
@@ -77,8 +78,6 @@ def reads_codes(store: CodeStore | None) -> bool:
     if store is None:
         return True
     codec = store.codec
-    if getattr(codec, "head_scale", None) is not None:
-        return False  # per-head static scales are read through their expression
     if codec.bits is not None and codec.axis == "channel":
         return not codec.rotate and codec.block <= MAX_CHANNEL_BLOCK
     if codec.element is not None:
@@ -148,6 +147,15 @@ def _store_args(store: CodeStore) -> tuple[int, int, int, int, torch.Tensor, tor
     return kind, 0, d, d, t["data"], t.get("scale"), None
 
 
+def _head_scale(store: CodeStore, batch: int) -> torch.Tensor | float:
+    """A store's static per-head scales as ``[batch x heads, 1, 1]`` (vLLM's calibrated fp8 cache: the kernel reads
+    the codes alone and a head's scores and weighted values are scaled after), or 1."""
+    scales = getattr(store.codec, "head_scale", None)
+    if scales is None:
+        return 1.0
+    return torch.tensor(scales, dtype=torch.float32).repeat(batch).view(-1, 1, 1)
+
+
 def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
            softcap: float | None = None) -> torch.Tensor:
     """One decode row per query head (``query [b, hq, 1, d]``) over ``layer`` after its update: ``[b, 1, hq, dv]``.
@@ -161,7 +169,7 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     parts, positions, valid = [], [], []
     if slots:
         q_stored = layer.key_store.codec.rotation(q)  # as the stored keys were rotated
-        parts.append(scores_op(*_store_args(layer.key_store), end, q_stored))
+        parts.append(scores_op(*_store_args(layer.key_store), end, q_stored) * _head_scale(layer.key_store, b))
         stored = torch.arange(slots, device=query.device)
         positions.append(stored)
         valid.append(stored < end)
@@ -188,7 +196,7 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     dv = layer.v_head_dim
     out = torch.zeros(b * hkv, g, dv, dtype=torch.float32, device=query.device)
     if slots:
-        stored = values_op(*_store_args(layer.value_store), end, probs[..., :slots])
+        stored = values_op(*_store_args(layer.value_store), end, probs[..., :slots]) * _head_scale(layer.value_store, b)
         out = out + layer.value_store.codec.rotation(stored)  # the rotation is its own inverse
     if ring:
         out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())

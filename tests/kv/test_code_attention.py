@@ -68,6 +68,23 @@ def test_block_forms_equal_the_products_with_the_dequantized_store(codec: Codec,
         assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("d,g", [(64, 3), (20, 2)])
+def test_fp8_with_static_head_scales_is_read_as_codes_and_scaled_per_head(d: int, g: int) -> None:
+    b, h, slots = 2, 3, 24
+    store = filled_store(Codec(dtype=torch.float8_e4m3fn, head_scale=(0.01, 0.05, 0.2)), b, h, slots, d)
+    assert code_attention.reads_codes(store) and code_attention._store_args(store)[5] is None  # no scale stored
+    ref = store.read(torch.float32).reshape(b * h, slots, d)
+    q, p = torch.randn(b * h, g, d), torch.softmax(torch.randn(b * h, g, slots), -1)
+    args, scale = code_attention._store_args(store), code_attention._head_scale(store, b)
+    assert scale.flatten().tolist() == pytest.approx([0.01, 0.05, 0.2] * b)  # batch-major, as the rows are
+    for valid in (slots, 9):
+        n = torch.tensor(valid)
+        scores = code_attention.scores_op(*args, n, q) * scale
+        values = code_attention.values_op(*args, n, p) * scale
+        assert torch.allclose(scores[..., :valid], q @ ref[:, :valid].transpose(1, 2), atol=1e-4, rtol=1e-5)
+        assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5)
+
+
 def _as_scalar_path(args: list) -> list:
     """The store's arguments with every block scale repeated for blocks of 4 (the C decoder's scalar path; q4_0's
     nibble order stays that of its blocks of 32)."""
@@ -100,7 +117,7 @@ def tiny_model(arch: str, head_dim: int = 32) -> torch.nn.Module:
                                          ("nvfp4", dict(residual_tokens=3)), ("mxfp4", {}),
                                          ("mxfp8", dict(rotate="hadamard", residual_tokens=1)),
                                          ("q8_0", dict(rotate="hadamard")), ("q4_0", {}),
-                                         ("q4_0", dict(rotate="hadamard"))])
+                                         ("q4_0", dict(rotate="hadamard")), ("fp8", dict(scales="head"))])
 def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits(arch: str, name: str, fields: dict,
                                                                                  monkeypatch) -> None:
     from quantlab.engine.torch.decode import Generation
@@ -110,6 +127,7 @@ def test_a_static_layer_attending_over_its_codes_gives_the_dynamic_layers_logits
     monkeypatch.setattr(code_attention, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
     model, kv = tiny_model(arch, 64 if "rotate" in fields else 32), KV_FORMATS[name].build(**fields)  # rotated: 64s
     ids = torch.stack([torch.arange(1, 14) * 5 % 128, torch.arange(13) * 3 % 128])
+    kv = kv.calibrated(model, [ids[:1], ids[1:]])  # static per-head fp8 scales from these rows (others: unchanged)
     logits = {}
     for length in (None, 13 + 12):
         gen = Generation(model, kv, CPU, None, length)

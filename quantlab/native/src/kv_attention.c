@@ -69,7 +69,8 @@ static inline int code_at(const uint8_t* row, int i, int bits) {
 typedef struct {
     int kind, bits, D, group, row_bytes, groups, zero_bytes;
     const uint8_t* data;    /* [BH, S, row_bytes] (row_bytes: the stored row's, pack's padding included) */
-    const uint16_t* scales; /* INT: [BH, S, groups] float16; E4M3: [BH, S, 1] float16; block kinds: their scale
+    const uint16_t* scales; /* INT: [BH, S, groups] float16; E4M3: [BH, S, 1] float16 or NULL (codes alone, a
+                               static per-head scale applied by the caller); block kinds: their scale
                                bytes, [BH, S, groups x scale_bytes]; others: NULL */
     const uint8_t* zeros;   /* INT: [BH, S, zero_bytes], zero points packed with bits */
     int S;
@@ -188,7 +189,7 @@ static inline void decode_row(const Store* st, int bh, int s, float* out) {
                 }
                 return;
             default: {
-                __m256 vs = _mm256_set1_ps(half_to_float(st->scales[r]) * 256.0f);
+                __m256 vs = _mm256_set1_ps((st->scales ? half_to_float(st->scales[r]) : 1.0f) * 256.0f);
                 for (int i = 0; i < D; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8_widen8(row + i, 0), vs));
                 return;
             }
@@ -209,8 +210,8 @@ static inline void decode_row(const Store* st, int bh, int s, float* out) {
         case CAST_F32: memcpy(out, row, (size_t)D * 4); break;
         case CAST_F16: for (int i = 0; i < D; i++) out[i] = half_to_float(((const uint16_t*)row)[i]); break;
         case CAST_BF16: for (int i = 0; i < D; i++) out[i] = bf16_to_float(((const uint16_t*)row)[i]); break;
-        default: {
-            float scale = half_to_float(st->scales[r]);
+        default: {  /* no scales: a static per-head scale the caller applies */
+            float scale = st->scales ? half_to_float(st->scales[r]) : 1.0f;
             for (int i = 0; i < D; i++) out[i] = fp8_decode(row[i], 0) * scale;
         }
     }

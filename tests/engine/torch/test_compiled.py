@@ -148,18 +148,18 @@ def test_a_step_with_a_graph_break_keeps_its_module_guards() -> None:
         assert torch.allclose(got, module(x), atol=1e-5), scale
 
 
-EXPRESSION_KV_CASES = [("nvfp4", dict(residual_tokens=4)), ("mxfp4", {}), ("mxfp8", dict(residual_tokens=4)),
-                       ("q4_0", {}), ("q8_0", {}), ("fp8", dict(scales="head"))]
+BLOCK_KV_CASES = [("nvfp4", dict(residual_tokens=4)), ("mxfp4", {}), ("mxfp8", dict(residual_tokens=4)),
+                  ("q4_0", {}), ("q8_0", {}), ("fp8", dict(scales="head"))]
 
 
 @pytest.mark.slow
-def test_kv_formats_read_through_their_expression_decode_compiled_as_eager() -> None:
-    # The microscaling, ggml-block and static-scale fp8 stores are not read by the C attention: the compiled step
-    # quantizes each new position and dequantizes the store inside the graph (no float8 select: inductor has none).
+def test_block_and_static_scale_kv_formats_decode_compiled_as_eager() -> None:
+    # The microscaling, ggml-block and static-scale fp8 stores: the compiled step quantizes each new position inside
+    # the graph and the C attention reads the stored codes (a static per-head fp8 scale applied after it).
     from tests.kv.test_static import tiny as tiny_heads
 
     model = tiny_heads("llama", head_dim=64)  # heads of 64: every block size divides them
-    for name, fields in EXPRESSION_KV_CASES:
+    for name, fields in BLOCK_KV_CASES:
         kv = KV_FORMATS[name].build(**fields)
         if kv.calibrates:
             kv = kv.calibrated(model, [torch.arange(1, 41).unsqueeze(0) * 3 % 128])
