@@ -79,7 +79,7 @@ def reads_codes(store: CodeStore | None) -> bool:
         return True
     codec = store.codec
     if codec.bits is not None and codec.axis == "channel":
-        return not codec.rotate and codec.block <= MAX_CHANNEL_BLOCK
+        return codec.block <= MAX_CHANNEL_BLOCK  # rotated or not: the query is rotated as the keys were
     if codec.element is not None:
         return codec.element in BLOCK_KINDS and store.shape[2] <= MAX_HEAD_DIM
     return _kind(codec.bits, codec.dtype) is not None and store.shape[2] <= MAX_HEAD_DIM

@@ -113,6 +113,8 @@ def tiny_model(arch: str, head_dim: int = 32) -> torch.nn.Module:
                                          ("int", dict(bits=8, group_size=32, residual_tokens=0)),
                                          ("int", dict(bits=3, group_size=8, residual_tokens=30)), ("fp8", {}),
                                          ("int", dict(bits=2, key_axis="channel", group_size=4, residual_tokens=3)),
+                                         ("int", dict(bits=4, key_axis="channel", group_size=4, residual_tokens=2,
+                                                      rotate="hadamard")),
                                          ("int", dict(bits=4, group_size=32, residual_tokens=2, rotate="hadamard")),
                                          ("nvfp4", dict(residual_tokens=3)), ("mxfp4", {}),
                                          ("mxfp8", dict(rotate="hadamard", residual_tokens=1)),
