@@ -114,4 +114,4 @@ def test_labels_and_refusals() -> None:
     store = CodeStore(Codec(bits=4, group_size=32, rotate=True), 1, 1, 4, 64, CPU)
     assert reads_codes(store)  # the C attention rotates the query and the weighted sum instead
     channel = CodeStore(Codec(bits=2, axis="channel", group_size=4, rotate=True), 1, 1, 4, 64, CPU)
-    assert not reads_codes(channel)  # keys per channel are read rotated only through their expression
+    assert reads_codes(channel)  # keys per channel too: the query is rotated as the keys were
