@@ -24,9 +24,9 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
     from ..kv.format import layer_windows
     from ..quant.mixed.sensitivity import scan_samples
     from ..run.lifecycle import load_unquantized_baseline
-    from ..run.recipe import load_recipe
+    from ..run.recipe import validate_recipe
     from ..run.sensitivity import beside_baseline
-    from .serve import serve_lines
+    from .serve import SERVING_TARGETS, serve_lines
 
     baseline = recipe.baseline_variant.weight
     baseline_kv = recipe.baseline_variant.kv
@@ -70,20 +70,17 @@ def run_plan(recipe: Any, spec: Any, out: Path, log: Callable[[str], None] = lam
                 "kv_cache": [*(raw.get("kv_cache") or ["native"]), *new_kv]})
     planned_weights, planned_kv = build_format(entries["weights"]), build_kv_format(entries["kv_cache"])
     targets = {to: planned_weights.export_refusal(to) for to in SERVING_TARGETS}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
-    variant = next(v.label for v in load_recipe(out / "plan-recipe.yaml").variants()
+    path = out / "plan-recipe.yaml"
+    variant = next(v.label for v in validate_recipe(raw, str(path), out).variants()
                    if v.weight == planned_weights and v.kv == planned_kv)
     exported = [to for to, refusal in targets.items() if refusal is None]
     if exported:  # the run that measures the plan writes its deployable folders from the model it measured
         raw["export"] = [*(raw.get("export") or []), {"variants": [variant], "to": exported}]
-        atomic_write_text(out / "plan-recipe.yaml", yaml.safe_dump(raw, sort_keys=False))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False))
     layers = len(layer_windows(model.config))
     return write_plan(result, entries, out, serve_lines(variant, planned_kv, layers, spec.context_tokens,
                                                         spec.batch_size, targets))
-
-
-SERVING_TARGETS = ("gguf", "compressed-tensors")  # what llama.cpp and vLLM load
 
 
 def measure_plan(result: Any, model: torch.nn.Module, entries: dict[str, Any], weights: list[Any], kvs: list[Any],

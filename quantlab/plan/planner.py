@@ -1,7 +1,7 @@
 """``quantlab plan``: a recipe's weight formats per decoder layer (the output head a group of its own) and its KV
 formats per layer, chosen together for the least predicted divergence whose memory at a workload (``batch``
-sequences of ``context`` positions) fits a budget. The costs are measured: each weight group by the sensitivity scan (``quant.mixed.sensitivity``: the group
-alone in the format, KL over the baseline's top 128 tokens, a lower bound), each KV layer group through the cache
+sequences of ``context`` positions) fits a budget. The costs are measured: each weight group by the sensitivity
+scan (``quant.mixed.sensitivity``: the group alone in the format, KL over the baseline's top 128 tokens, a lower bound), each KV layer group through the cache
 (``kv_scan``: the whole vocabulary). The memory is the weights' layout bytes, every other parameter at its dtype,
 the cache's bytes by each format's formula at the workload (``kv.format.layer_kv_bytes``), and the terms no
 choice changes that the caller reserves (``overhead``: the activations of the workload's largest forward and the
@@ -97,11 +97,11 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
         dense = sum(o * i for o, i in (shapes[n] for n in g.modules)) * base.itemsize
         # a head tied to the lookup table: quantizing it keeps the table beside it, unless the format's head
         # holds the lookup (one table in its blocks)
-        tied = [n for n in g.modules if model.get_submodule(n).weight is table]
+        kept_table = table.numel() * base.itemsize * sum(model.get_submodule(n).weight is table for n in g.modules)
         options = [Option(baseline.label, dense, 0.0)]
         options += [Option(f.scheme_label, sum(f.linear_weight_bytes(*shapes[n], base) for n in g.modules)
-                           + (0 if f.head_holds_lookup_table else sum(table.numel() for _ in tied) * base.itemsize),
-                           cost[(g.name, f.scheme_label)]) for f in weight_formats]
+                           + (0 if f.head_holds_lookup_table else kept_table), cost[(g.name, f.scheme_label)])
+                    for f in weight_formats]
         groups.append(Group(f"weights {g.name}", "weights", tuple(options), in_uniform=not set(g.modules) & set(heads)))
     config = model.config
     layers = kv_groups(config, kv_group_layers)
@@ -128,8 +128,8 @@ def plan_model(model: torch.nn.Module, baseline: WeightFormat, weight_formats: l
     largest = fixed + sum(max(o.bytes for o in g.options) for g in groups)
     budgets = [smallest + (largest - smallest) * k // 24 for k in range(25)]
     provenance = {
-        "weights": f"each decoder layer's linears, and the output head, alone in each format, KL over the baseline's top 128 tokens (a lower "
-                   f"bound) on {len(scan_samples)} calibration windows of {scan_samples[0].shape[-1]} tokens",
+        "weights": f"each decoder layer's linears, and the output head, alone in each format, KL over the baseline's "
+                   f"top 128 tokens (a lower bound) on {len(scan_samples)} calibration windows of {scan_samples[0].shape[-1]} tokens",
         "kv": f"each group of {kv_group_layers} layer(s) alone in each format, KL over the whole vocabulary through "
               f"the cache ({chunk_tokens} tokens a step) on {kv_windows.shape[0]} windows of {kv_windows.shape[1]} "
               f"tokens; the workload's context is {workload.context_tokens} (a shorter scan context is an "

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from ..kv.format import KVFormat
 
+SERVING_TARGETS = ("gguf", "compressed-tensors")  # the export targets llama.cpp and vLLM load
+
 # llama.cpp's cache types from the fewest bytes per element to the most
 LLAMA_CPP_ORDER = ("q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1", "q8_0", "bf16", "f16", "f32")
 
@@ -74,7 +76,7 @@ def serve_lines(variant: str, kv: KVFormat, layers: int, context_tokens: int, ba
     ctk, ctv, llama_note = llama_server_cache(formats)
     dtype, skip, vllm_note = vllm_cache(formats)
     run = Path("runs/plan")
-    gguf, ct = (export_folder(run, variant, to) for to in ("gguf", "compressed-tensors"))
+    gguf, ct = (export_folder(run, variant, to) for to in SERVING_TARGETS)
     fa = " -fa on" if ctv not in ("f16", "bf16", "f32") else ""  # a quantized V cache needs flash attention
     vllm = (f"vllm serve {ct} --max-model-len {context_tokens} --max-num-seqs {batch_size}"
             + (f" --kv-cache-dtype {dtype}" if dtype != "auto" else "")

@@ -225,10 +225,10 @@ class WeightFormat(BaseModel):
 
         online = self.online_transforms
         if online and not self.carries_online_transforms(to):
+            from .codecs.targets import run_time_note
+
             return (f"weight format {self.label} cannot be written as {to}: its transform {online[0].label} acts on "
-                    f"each input at run time, which {to} does not carry (compressed-tensors carries one hadamard "
-                    "rotation per linear; rotate-residual, and smoothquant with others: skip, fold into the weights "
-                    "and export anywhere)")
+                    f"each input at run time, which {to} does not carry ({run_time_note()})")
         activations = getattr(self, "activations", None)
         if activations is not None and to in targets_holding(self.stored_specs(), EXPORTERS.names()):
             why = EXPORTERS[to].cls.activations_refusal(activations)

@@ -89,8 +89,7 @@ class Exporter:
         if isinstance(transform, InputRotation) and cls.writes_input_rotations:
             return None
         what = "an input rotation" if isinstance(transform, InputRotation) else f"an input transform ({transform})"
-        return (f"its input passes through {what} at run time, which {cls.name} does not carry (compressed-tensors "
-                "writes one Hadamard rotation per linear; transforms that fold entirely export everywhere)")
+        return f"its input passes through {what} at run time, which {cls.name} does not carry ({run_time_note()})"
 
     def refusal(self, module: LinearWeight) -> str | None:
         """Why ``module``'s stored numbers cannot be written in this format (naming what would), or None: its
@@ -110,6 +109,17 @@ class Exporter:
 
 
 EXPORTERS: Registry[Exporter] = Registry("export target")
+
+
+def run_time_note() -> str:
+    """Which targets carry a transform's run-time part and which transforms have one that they can carry, from the
+    registries (for refusals)."""
+    from ..transforms import TRANSFORMS
+
+    targets = [n for n in EXPORTERS.names() if EXPORTERS[n].cls.writes_input_rotations]
+    rotating = [n for n in TRANSFORMS.names() if TRANSFORMS[n].cls.rotates_inputs]
+    return (f"{', '.join(targets) or 'no target'} carries one input rotation per linear ({', '.join(rotating)}); "
+            "transforms that fold entirely into the weights export everywhere")
 
 
 def per_module_targets(targets: tuple[str, ...]) -> tuple[str, ...]:

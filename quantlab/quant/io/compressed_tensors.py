@@ -165,11 +165,12 @@ def input_rotations(linears: list[LinearWeight], dtype: torch.dtype
 
     schemes: list[tuple[str, dict[int, torch.Tensor], list[str]]] = []  # kind, matrix per size, targets
     tensors: dict[str, torch.Tensor] = {}
+    matrices: dict[int, torch.Tensor] = {}  # by rotation module: linears of one input size share theirs
     for lw in linears:
         if lw.input_transform is None:
             continue
         kind = "hadamard" if lw.input_transform.sylvester else "random-hadamard"
-        matrix = lw.input_transform.matrix()
+        matrix = matrices.setdefault(id(lw.input_transform), lw.input_transform.matrix())
         n = matrix.shape[0]
         found = next((i for i, (k, held, _) in enumerate(schemes)
                       if k == kind and (n not in held or torch.equal(held[n], matrix))), None)

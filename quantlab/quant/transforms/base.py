@@ -32,12 +32,7 @@ class Transform(BaseModel):
         the rounded weights computes what was measured."""
         return False
 
-    @property
-    def rotates_inputs(self) -> bool:
-        """Whether what it leaves to run time is an ``InputRotation`` per linear (which export targets that write
-        input rotations can carry)."""
-        return False
-
+    rotates_inputs: ClassVar[bool] = False  # what it leaves to run time is an ``InputRotation`` per linear
     def input_module(self, in_features: int, device: torch.device) -> nn.Module:
         raise NotImplementedError
 

@@ -72,6 +72,7 @@ class HadamardRotation(InputRotation):
                      "weight (QuIP-style online rotation); fields: randomize (random signs), seed")
 class Hadamard(Transform):
     example_fields: ClassVar[dict[str, Any]] = {"randomize": True}
+    rotates_inputs: ClassVar[bool] = True
     randomize: bool = Field(False, description="random ±1 signs before the rotation (compressed-tensors' "
                             "random-hadamard), drawn from a generator seeded with seed")
     seed: int = Field(0, description="the signs' generator seed (randomize)")
@@ -79,10 +80,6 @@ class Hadamard(Transform):
     @property
     def label(self) -> str:
         return f"had{'r' + str(self.seed) if self.randomize else ''}"
-
-    @property
-    def rotates_inputs(self) -> bool:
-        return True
 
     def signs(self, n: int) -> torch.Tensor:
         """compressed-tensors' ``random_hadamard_matrix`` draws: ``randint(0, 2, (n,))`` from the seeded
