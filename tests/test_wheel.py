@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-C_KERNELS = ("lut4_cpu", "bitplane_cpu", "fp8_cpu", "ggml_q8_cpu")
+C_KERNELS = ("lut4_cpu", "bitplane_cpu", "fp8_cpu", "ggml_repack_cpu")
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,144 @@ int ggml_matmul_q8(int type, const uint8_t * w, const float * x, float * y, int6
     }
     return 0;
 }
+
+/* ---- ggml's repacked layouts (third_party/ggml_repack): eight rows interleaved, as llama.cpp repacks Q4_0, IQ4_NL
+ * and Q4_K at load where the CPU has AVX2, and their eight-rows-at-once products ---- */
+#include <omp.h>
+#include "ggml_repack.c"
+
+/* Whether ``type`` has a repacked layout here (its rows must come in eights). */
+int ggml_repack_available(int type) { return type == T_Q4_0 || type == T_IQ4_NL || type == T_Q4_K; }
+
+/* The blocks of rows [0, nrow) (nrow a multiple of 8; row_bytes each) interleaved eight rows at a time into dst (as
+ * many bytes): llama.cpp's repack_q4_0_to_q4_0_8_bl / repack_iq4_nl_to_iq4_nl_8_bl / repack_q4_K_to_q4_K_8_bl. */
+int ggml_repack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t nrow, int64_t n_in) {
+    if (!ggml_repack_available(type) || nrow % 8) return -1;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < nrow / 8; ++g) {
+        if (type == T_Q4_K) {
+            const int64_t nb = n_in / QK_K;
+            const block_q4_K * in = (const block_q4_K *)src + g * 8 * nb;
+            block_q4_Kx8 * out = (block_q4_Kx8 *)dst + g * nb;
+            block_q4_K tmp[8];
+            for (int64_t b = 0; b < nb; ++b) {
+                for (int i = 0; i < 8; ++i) tmp[i] = in[b + i * nb];
+                out[b] = make_block_q4_Kx8(tmp, 8);
+            }
+        } else {
+            const int64_t nb = n_in / QK4_0;
+            const block_q4_0 * in = (const block_q4_0 *)src + g * 8 * nb;  /* block_iq4_nl: the same bytes */
+            block_q4_0x8 * out = (block_q4_0x8 *)dst + g * nb;
+            block_q4_0 tmp[8];
+            for (int64_t b = 0; b < nb; ++b) {
+                for (int i = 0; i < 8; ++i) tmp[i] = in[b + i * nb];
+                out[b] = type == T_Q4_0 ? make_block_q4_0x8(tmp, 8) : make_block_iq4_nlx8((block_iq4_nl *)tmp, 8);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Row j of an interleaved Q4_K block back as its own block: the quants' 8-byte pieces, and the 6-bit scales and
+ * mins of its 8 sub-blocks packed again as quantize_row_q4_K packs them (12 bytes). */
+static void unpack_q4_Kx8(const block_q4_Kx8 * in, int j, block_q4_K * out) {
+    out->d = in->d[j];
+    out->dmin = in->dmin[j];
+    for (int k = 0; k < QK_K / 16; ++k) memcpy(out->qs + k * 8, in->qs + (k * 8 + j) * 8, 8);
+    uint8_t sc[8], mn[8];
+    for (int c = 0; c < 8; ++c) {  /* sub-block c's scales and mins of the 8 rows: 12 bytes */
+        const uint8_t * b = in->scales + c * 12;
+        const int h = j & 3;
+        if (j < 4) {
+            sc[c] = b[h] & 63;
+            mn[c] = b[4 + h] & 63;
+        } else {
+            sc[c] = (b[8 + h] & 15) | ((b[h] >> 6) << 4);
+            mn[c] = (b[8 + h] >> 4) | ((b[4 + h] >> 6) << 4);
+        }
+    }
+    for (int k = 0; k < 4; ++k) {
+        out->scales[k] = sc[k] | ((sc[k + 4] >> 4) << 6);
+        out->scales[k + 4] = mn[k] | ((mn[k + 4] >> 4) << 6);
+        out->scales[k + 8] = (sc[k + 4] & 15) | ((mn[k + 4] & 15) << 4);
+    }
+}
+
+/* Rows [row0, row1) of an interleaved tensor back as the original blocks (row_bytes each) into dst: the inverse of
+ * ggml_repack_rows, byte for byte. */
+int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0, int64_t row1, int64_t n_in) {
+    if (!ggml_repack_available(type)) return -1;
+    #pragma omp parallel for schedule(static)
+    for (int64_t r = row0; r < row1; ++r) {
+        const int64_t g = r / 8;
+        const int j = (int)(r % 8);
+        if (type == T_Q4_K) {
+            const int64_t nb = n_in / QK_K;
+            const block_q4_Kx8 * in = (const block_q4_Kx8 *)src + g * nb;
+            block_q4_K * out = (block_q4_K *)dst + (r - row0) * nb;
+            for (int64_t b = 0; b < nb; ++b) unpack_q4_Kx8(in + b, j, out + b);
+        } else {
+            const int64_t nb = n_in / QK4_0;
+            const block_q4_0x8 * in = (const block_q4_0x8 *)src + g * nb;
+            block_q4_0 * out = (block_q4_0 *)dst + (r - row0) * nb;
+            const uint64_t flip = type == T_Q4_0 ? 0x8888888888888888ULL : 0;
+            for (int64_t b = 0; b < nb; ++b) {
+                out[b].d = in[b].d[j];
+                for (int k = 0; k < QK4_0 / 16; ++k) {
+                    uint64_t e;
+                    memcpy(&e, in[b].qs + (k * 8 + j) * 8, 8);
+                    e ^= flip;
+                    memcpy(out[b].qs + k * 8, &e, 8);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* y [m, out] = x [m, in] times the interleaved weight's rows, transposed, as llama.cpp's repacked CPU path computes
+ * a decode step: each row of x rounded once to 8-bit blocks (Q8_0, or Q8_K for Q4_K) into scratch, then ggml's GEMV
+ * over eight output rows at a time, the groups of eight split over OpenMP threads. */
+int ggml_matmul_repacked(int type, const uint8_t * w, const float * x, float * y, int64_t m, int64_t out,
+                         int64_t n_in, uint8_t * scratch) {
+    if (!ggml_repack_available(type) || out % 8) return -1;
+    vec_dot_fn dot; from_float_fn from; int64_t qb, qbytes;
+    if (dot_traits(type, &dot, &from, &qb, &qbytes)) return -1;
+    const int64_t x_row_bytes = (n_in / qb) * qbytes;
+    const int64_t group_bytes = type == T_Q4_K ? (n_in / QK_K) * (int64_t)sizeof(block_q4_Kx8)
+                                               : (n_in / QK4_0) * (int64_t)sizeof(block_q4_0x8);
+    for (int64_t i = 0; i < m; ++i) from(x + i * n_in, scratch + i * x_row_bytes, n_in);
+    const int64_t groups = out / 8;
+    #pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t g0 = groups * t / nt, g1 = groups * (t + 1) / nt;
+        if (g1 > g0) {
+            for (int64_t i = 0; i < m; ++i) {
+                float * yi = y + i * out + g0 * 8;
+                const void * wi = w + g0 * group_bytes;
+                const void * xi = scratch + i * x_row_bytes;
+                const int nc = (int)((g1 - g0) * 8);
+                if (type == T_Q4_0) ggml_gemv_q4_0_8x8_q8_0((int)n_in, yi, 0, wi, xi, 1, nc);
+                else if (type == T_IQ4_NL) ggml_gemv_iq4_nl_8x8_q8_0((int)n_in, yi, 0, wi, xi, 1, nc);
+                else ggml_gemv_q4_K_8x8_q8_K((int)n_in, yi, 0, wi, xi, 1, nc);
+            }
+        }
+    }
+    return 0;
+}
 #else
+int ggml_repack_available(int type) { (void)type; return 0; }
+int ggml_repack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t nrow, int64_t n_in) {
+    (void)type; (void)src; (void)dst; (void)nrow; (void)n_in; return -1;
+}
+int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0, int64_t row1, int64_t n_in) {
+    (void)type; (void)src; (void)dst; (void)row0; (void)row1; (void)n_in; return -1;
+}
+int ggml_matmul_repacked(int type, const uint8_t * w, const float * x, float * y, int64_t m, int64_t out,
+                         int64_t n_in, uint8_t * scratch) {
+    (void)type; (void)w; (void)x; (void)y; (void)m; (void)out; (void)n_in; (void)scratch; return -1;
+}
 int ggml_dot_available(void) { return 0; }
 int64_t ggml_q8_scratch_bytes(int type, int64_t m, int64_t n_in) { (void)type; (void)m; (void)n_in; return -1; }
 int ggml_matmul_q8(int type, const uint8_t * w, const float * x, float * y, int64_t m, int64_t out, int64_t n_in,

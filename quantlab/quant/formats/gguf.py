@@ -45,9 +45,11 @@ class GGUFFormat(QuantizedWeightFormat):
     imatrix_path: str | None = Field(None, description="a llama.cpp imatrix file (.gguf, or the older .dat): read "
                                      "when it exists (llama-imatrix's, or one quantlab wrote), else the one collected "
                                      "from the calibration is written there; with imatrix: true")
-    kernel: Literal["auto", "ggml_q8_cpu", "ggml_cpu", "dequantize+matmul"] = Field(
-        "auto", description="auto: on CPU ggml_q8_cpu (decode rows as llama.cpp multiplies them: activations in 8-bit "
-        "blocks, ggml's integer dot products; AVX2) or else ggml_cpu (weight-only), elsewhere dequantize+matmul")
+    kernel: Literal["auto", "ggml_repack_cpu", "ggml_q8_cpu", "ggml_cpu", "dequantize+matmul"] = Field(
+        "auto", description="auto: on CPU ggml_repack_cpu for Q4_0, IQ4_NL and Q4_K (repacked at load, eight rows "
+        "at a time, as llama.cpp runs them with AVX2), ggml_q8_cpu for the other types (decode rows as llama.cpp "
+        "multiplies them: activations in 8-bit blocks, ggml's integer dot products; AVX2), else ggml_cpu "
+        "(weight-only); elsewhere dequantize+matmul")
 
     _types: dict[str, str] | None = PrivateAttr(None)  # a recipe's type per module, once it has seen the model
     _observed: tuple[dict[str, torch.Tensor], dict[str, int]] | None = PrivateAttr(None)  # observe_'s importance

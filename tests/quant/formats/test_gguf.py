@@ -11,7 +11,7 @@ from quantlab.engine.memory import weight_bytes, weight_bytes_analytic
 from quantlab.models import ModelSpec, load_model
 from quantlab.quant.calibrate.imatrix import ImatrixAccumulator, collect_imatrix
 from quantlab.quant.format import Calibration, build_format
-from quantlab.quant.forms.ggml.kernel import dot_products_available
+from quantlab.quant.forms.ggml.kernel import dot_products_available, repack_available
 from quantlab.quant.linear import QuantizedLinear, linear_weight
 
 CPU = torch.device("cpu")
@@ -40,7 +40,10 @@ def test_each_linear_takes_the_type_or_llama_cpps_substitute_with_its_bytes() ->
     assert report.details["model.layers.0.mlp.down_proj"] == {"ggml_type": "Q5_0"}
     assert weight_bytes(model) == weight_bytes_analytic(model)
     q_proj = model.get_submodule("model.layers.0.self_attn.q_proj")
-    assert q_proj.kernel_path == ("ggml_q8_cpu" if dot_products_available() else "ggml_cpu") and q_proj.kernel.stored().nbytes == 256 * 256 // 256 * 144
+    assert q_proj.kernel_path == ("ggml_repack_cpu" if repack_available("Q4_K") else "ggml_cpu")
+    assert q_proj.kernel.stored().nbytes == 256 * 256 // 256 * 144
+    down = model.get_submodule("model.layers.0.mlp.down_proj")  # Q5_0: no repacked layout, a row at a time
+    assert down.kernel_path == ("ggml_q8_cpu" if dot_products_available() else "ggml_cpu")
 
 
 def test_labels_name_the_type_and_the_importance_matrix() -> None:

@@ -1,7 +1,9 @@
 """ggml block types (GGUF's Q4_K, Q6_K, Q8_0 …): ggml's own quantizer and dequantizer, and on CPU the stored
-blocks multiplied as they are: ``ggml_q8_cpu`` (``auto``'s choice where the CPU has AVX2) as llama.cpp's CPU
-backend multiplies, the activations of a decode step rounded to 8-bit blocks and ggml's integer dot products;
-``ggml_cpu`` weight-only, each block decoded to floats.
+blocks multiplied as they are: ``ggml_repack_cpu`` (``auto``'s choice for Q4_0, IQ4_NL and Q4_K where the CPU has
+AVX2) as llama.cpp multiplies them after repacking at load, eight rows interleaved and eight output rows a product;
+``ggml_q8_cpu`` (``auto``'s choice for the other types) as llama.cpp's CPU backend multiplies a row at a time, the
+activations of a decode step rounded to 8-bit blocks and ggml's integer dot products; ``ggml_cpu`` weight-only,
+each block decoded to floats.
 
 ``quantize_ggml`` runs ggml's code (``native/third_party/ggml``, taken from ggml), so a tensor gives the bytes
 llama.cpp's quantizer writes for it, with or without an importance matrix.
@@ -38,8 +40,13 @@ def _library() -> ctypes.CDLL:
     lib.ggml_q8_scratch_bytes.argtypes = [i, i64, i64]
     lib.ggml_q8_scratch_bytes.restype = i64
     lib.ggml_dot_available.argtypes = []
+    lib.ggml_repack_available.argtypes = [i]
+    lib.ggml_repack_rows.argtypes = [i, p, p, i64, i64]
+    lib.ggml_unpack_rows.argtypes = [i, p, p, i64, i64, i64]
+    lib.ggml_matmul_repacked.argtypes = [i, p, p, p, i64, i64, i64, p]
     for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul, lib.ggml_matmul_q8,
-              lib.ggml_dot_available):
+              lib.ggml_dot_available, lib.ggml_repack_available, lib.ggml_repack_rows, lib.ggml_unpack_rows,
+              lib.ggml_matmul_repacked):
         f.restype = ctypes.c_int
     return lib
 
@@ -50,6 +57,36 @@ def dot_products_available() -> bool:
         return bool(_library().ggml_dot_available())
     except UnsupportedError:
         return False
+
+
+def repack_available(ggml_type: str) -> bool:
+    """Whether ``ggml_type`` has llama.cpp's repacked layout on this CPU (Q4_0, IQ4_NL, Q4_K with AVX2)."""
+    try:
+        return bool(_library().ggml_repack_available(GGML_TYPES[ggml_type].ggml_id)) and dot_products_available()
+    except UnsupportedError:
+        return False
+
+
+def repack_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int) -> torch.Tensor:
+    """``blocks [out, row bytes]`` (``out`` a multiple of 8) with each eight rows interleaved as llama.cpp repacks
+    them at load (``repack_*_8_bl``): as many bytes, in the same shape."""
+    source = blocks.to("cpu").contiguous()
+    packed = torch.empty_like(source)
+    if _library().ggml_repack_rows(GGML_TYPES[ggml_type].ggml_id, source.data_ptr(), packed.data_ptr(),
+                                   source.shape[0], n_in):
+        raise UnsupportedError(f"{ggml_type} rows in eights have no repacked layout here ({source.shape[0]} rows)")
+    return packed
+
+
+def unpack_blocks(packed: torch.Tensor, ggml_type: str, n_in: int, row0: int = 0, row1: int | None = None) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of a repacked weight as the original blocks, byte for byte (``repack_blocks``'s
+    inverse)."""
+    row1 = packed.shape[0] if row1 is None else row1
+    out = torch.empty(max(row1 - row0, 0), packed.shape[1], dtype=torch.uint8)
+    if out.numel():
+        _library().ggml_unpack_rows(GGML_TYPES[ggml_type].ggml_id, packed.data_ptr(), out.data_ptr(), row0, row1,
+                                    n_in)
+    return out
 
 
 def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> torch.Tensor:
@@ -119,6 +156,25 @@ def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> tor
     return y
 
 
+def ggml_matmul_repacked(x: torch.Tensor, packed: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` times a repacked weight as llama.cpp's repacked CPU path multiplies it: each row of ``x`` in the
+    type's 8-bit activation blocks, then ggml's GEMV over eight interleaved output rows at a time."""
+    t = GGML_TYPES[ggml_type]
+    x = x.contiguous()
+    m, n_in = x.shape
+    scratch = torch.empty(_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
+    y = torch.empty(m, packed.shape[0], dtype=torch.float32)
+    _library().ggml_matmul_repacked(t.ggml_id, packed.data_ptr(), x.data_ptr(), y.data_ptr(), m, packed.shape[0],
+                                    n_in, scratch.data_ptr())
+    return y
+
+
+def ggml_dequantize_repacked(packed: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
+                             dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[row0, row1)`` of a repacked weight as ``dtype``: unpacked, then ggml's dequantizer."""
+    return dequantize_blocks(unpack_blocks(packed, ggml_type, n_in, row0, row1), ggml_type, n_in).to(dtype)
+
+
 @functools.cache
 def _q8_scratch_bytes(ggml_id: int, m: int, n_in: int) -> int:
     """Bytes of ``m`` rows of ``n_in`` activations in the type's 8-bit blocks (asked of the C code once per shape)."""
@@ -134,6 +190,8 @@ def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, 
 matmul_op = native_op("ggml_matmul", ggml_matmul)
 matmul_q8_op = native_op("ggml_matmul_q8", ggml_matmul_q8)
 dequantize_op = native_op("ggml_dequantize", ggml_dequantize)
+matmul_repacked_op = native_op("ggml_matmul_repacked", ggml_matmul_repacked)
+dequantize_repacked_op = native_op("ggml_dequantize_repacked", ggml_dequantize_repacked)
 
 
 @register_fake(matmul_op)
@@ -149,6 +207,16 @@ def _(x, blocks, ggml_type):
 @register_fake(dequantize_op)
 def _(blocks, ggml_type, n_in, row0, row1, dtype):
     return blocks.new_empty(row1 - row0, n_in, dtype=dtype)
+
+
+@register_fake(matmul_repacked_op)
+def _(x, packed, ggml_type):
+    return x.new_empty(x.shape[0], packed.shape[0], dtype=torch.float32)
+
+
+@register_fake(dequantize_repacked_op)
+def _(packed, ggml_type, n_in, row0, row1, dtype):
+    return packed.new_empty(row1 - row0, n_in, dtype=dtype)
 
 
 @KERNELS.register
@@ -200,3 +268,33 @@ class GGMLQ8CPUKernel(GGMLCPUKernel):
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, self.ggml_type)
+
+
+@KERNELS.register
+class GGMLRepackCPUKernel(GGMLQ8CPUKernel):
+    """Q4_0, IQ4_NL and Q4_K as llama.cpp runs them on an AVX2 CPU (its ``REPACK = 1``): repacked once at load,
+    eight rows' blocks interleaved eight bytes at a time (the same bytes, rearranged), and a decode step's product
+    ggml's GEMV over eight output rows at once against the activations in 8-bit blocks (vendored from ggml-cpu's
+    repack code). ``stored()`` gives the original blocks back byte for byte, so exports are unchanged; longer inputs
+    unpack and dequantize row blocks for the dense matmul."""
+
+    path = "ggml_repack_cpu"
+    preference = 56
+
+    @classmethod
+    def supports(cls, q: GGMLBlockTensor, device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and q.shape[0] % 8 == 0 and repack_available(q.ggml_type)
+
+    def __init__(self, q: GGMLBlockTensor, dtype: torch.dtype) -> None:
+        super().__init__(q, dtype)
+        self.blocks = repack_blocks(self.blocks, self.ggml_type, self.shape[1])
+
+    def stored(self) -> GGMLBlockTensor:
+        return GGMLBlockTensor(unpack_blocks(self.blocks, self.ggml_type, self.shape[1]), self.ggml_type, self.shape)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        return traced(ggml_matmul_repacked, matmul_repacked_op)(x, self.blocks, self.ggml_type)
+
+    def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
+        return traced(ggml_dequantize_repacked, dequantize_repacked_op)(self.blocks, self.ggml_type, self.shape[1],
+                                                                         row0, row1, dtype)

@@ -69,3 +69,34 @@ def llama_cpp_cpu_product(ggml_id: int, blocks: np.ndarray, x: np.ndarray) -> np
         row = np.ascontiguousarray(blocks[r])
         vec_dot(traits.vec_dot)(n, out[r:].ctypes.data, 0, row.ctypes.data, 0, activations.ctypes.data, 0, 1)
     return out
+
+
+_GEMV = {"Q4_0": "ggml_gemv_q4_0_8x8_q8_0", "IQ4_NL": "ggml_gemv_iq4_nl_8x8_q8_0", "Q4_K": "ggml_gemv_q4_K_8x8_q8_K"}
+
+
+def llama_cpp_repacked_product(ggml_type: str, ggml_id: int, packed: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    """``x`` (float32 ``[n]``) times the rows of a weight repacked eight rows at a time (``packed``, uint8
+    ``[out, row bytes]``), as llama.cpp's repacked CPU path computes it: ``x`` in the type's activation blocks, then
+    ggml-cpu's own AVX2 GEMV (``ggml_gemv_<type>_8x8_*``) over all rows; ``None`` without llama-cpp-python."""
+    folder = _lib_dir()
+    if folder is None:
+        return None
+    lib = ctypes.CDLL(str(folder / "libggml-cpu.so"))
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_CPUTraits)
+    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    lib.ggml_cpu_init()
+    gemv = getattr(lib, _GEMV[ggml_type])
+    gemv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                     ctypes.c_int]
+    gemv.restype = None
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n = x.size
+    traits = lib.ggml_get_type_traits_cpu(ggml_id).contents
+    activations = np.zeros(2 * n, np.uint8)
+    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(x.ctypes.data,
+                                                                                      activations.ctypes.data, n)
+    packed = np.ascontiguousarray(packed)
+    out = np.zeros(packed.shape[0], np.float32)
+    gemv(n, out.ctypes.data, 0, packed.ctypes.data, activations.ctypes.data, 1, packed.shape[0])
+    return out
