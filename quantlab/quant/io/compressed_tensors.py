@@ -163,15 +163,17 @@ def input_rotations(linears: list[LinearWeight], dtype: torch.dtype
     its loaders share them; each matrix is written once, under the first linear of its scheme and size."""
     from compressed_tensors.transform import TransformArgs, TransformConfig, TransformScheme
 
-    schemes: list[tuple[str, dict[int, torch.Tensor], list[str]]] = []  # kind, matrix per size, targets
+    schemes: list[tuple[tuple[str, int | None], dict[int, torch.Tensor], list[str]]] = []
+    # (kind, head_dim), matrix per size, targets
     tensors: dict[str, torch.Tensor] = {}
     matrices: dict[int, torch.Tensor] = {}  # by rotation module: linears of one input size share theirs
     for lw in linears:
         if lw.input_transform is None:
             continue
-        kind = "hadamard" if lw.input_transform.sylvester else "random-hadamard"
         matrix = matrices.setdefault(id(lw.input_transform), lw.input_transform.matrix())
         n = matrix.shape[0]
+        block = n if n < lw.stored.shape[1] else None  # a block-diagonal rotation: compressed-tensors' head_dim
+        kind = ("hadamard" if lw.input_transform.sylvester else "random-hadamard", block)
         found = next((i for i, (k, held, _) in enumerate(schemes)
                       if k == kind and (n not in held or torch.equal(held[n], matrix))), None)
         if found is None:
@@ -184,10 +186,10 @@ def input_rotations(linears: list[LinearWeight], dtype: torch.dtype
         targets.append(lw.name)
     if not schemes:
         return None
-    config = TransformConfig(config_groups={scheme_name(i): TransformScheme(type=kind, apply=[
+    config = TransformConfig(config_groups={scheme_name(i): TransformScheme(type=kind, head_dim=block, apply=[
         TransformArgs(targets=targets, location="input"),  # at run time
         TransformArgs(targets=targets, location="weight_input", inverse=True)])  # fused into the weights written
-        for i, (kind, _, targets) in enumerate(schemes)})
+        for i, ((kind, block), _, targets) in enumerate(schemes)})
     return config.model_dump(mode="json"), tensors
 
 

@@ -7,7 +7,11 @@ the rotation spreads over the row.
 (its table, N. J. A. Sloane's library): ``m`` butterfly steps, then the order-``K`` matrix. ``D`` is a diagonal
 of random signs (``randomize``: compressed-tensors' ``random_hadamard_matrix`` with a generator seeded ``seed``),
 or the identity (for a power of two, Sylvester's matrix: ``deterministic_hadamard_matrix``). The input is rotated
-by that butterfly in ``O(n log n)``, never as an ``n × n`` matrix."""
+by that butterfly in ``O(n log n)``, never as an ``n × n`` matrix.
+
+``block_size: b`` rotates each run of ``b`` inputs by the same ``Ĥ_b`` instead (a block-diagonal rotation,
+compressed-tensors' ``head_dim``, llm-compressor's ``transform_block_size``): matched to a format's group (16 for
+NVFP4, 32 for MXFP4), a rotation stays inside each group's scale, as MR-GPTQ pairs them."""
 from __future__ import annotations
 
 import math
@@ -17,6 +21,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from ...errors import UnsupportedError
 from .base import TRANSFORMS, InputRotation, Transform
 
 
@@ -45,7 +50,8 @@ def butterfly(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 
 class HadamardRotation(InputRotation):
-    """``x ↦ x Ĥ`` in the input's dtype (computed in float32)."""
+    """``x ↦ x Ĥ`` in the input's dtype (computed in float32); with ``Ĥ`` smaller than the input, each run of
+    its size rotated alike (block-diagonal)."""
 
     def __init__(self, signs: torch.Tensor, factor: torch.Tensor) -> None:
         super().__init__()
@@ -54,7 +60,8 @@ class HadamardRotation(InputRotation):
         self.scale = 1.0 / math.sqrt(signs.numel())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (butterfly(x.float() * self.signs, self.factor) * self.scale).to(x.dtype)
+        blocks = x.float().unflatten(-1, (-1, self.signs.numel()))
+        return (butterfly(blocks * self.signs, self.factor) * self.scale).flatten(-2).to(x.dtype)
 
     def matrix(self) -> torch.Tensor:
         return butterfly(torch.diag(self.signs.float()), self.factor).round()  # ±1: D H
@@ -69,17 +76,20 @@ class HadamardRotation(InputRotation):
 
 
 @TRANSFORMS.register("hadamard", "rotate each linear's input by a Walsh-Hadamard matrix and fold its inverse into the "
-                     "weight (QuIP-style online rotation); fields: randomize (random signs), seed")
+                     "weight (QuIP-style online rotation); fields: randomize (random signs), seed, block_size")
 class Hadamard(Transform):
     example_fields: ClassVar[dict[str, Any]] = {"randomize": True}
     rotates_inputs: ClassVar[bool] = True
     randomize: bool = Field(False, description="random ±1 signs before the rotation (compressed-tensors' "
                             "random-hadamard), drawn from a generator seeded with seed")
     seed: int = Field(0, description="the signs' generator seed (randomize)")
+    block_size: int | None = Field(None, ge=2, description="rotate each run of this many inputs alike (a "
+                                   "block-diagonal rotation: compressed-tensors' head_dim), e.g. the format's group "
+                                   "(16 for NVFP4, 32 for MXFP4); default: the whole input")
 
     @property
     def label(self) -> str:
-        return f"had{'r' + str(self.seed) if self.randomize else ''}"
+        return f"had{'r' + str(self.seed) if self.randomize else ''}{'b' + str(self.block_size) if self.block_size else ''}"
 
     def signs(self, n: int) -> torch.Tensor:
         """compressed-tensors' ``random_hadamard_matrix`` draws: ``randint(0, 2, (n,))`` from the seeded
@@ -89,7 +99,10 @@ class Hadamard(Transform):
         return torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(self.seed)).float() * 2 - 1
 
     def input_module(self, in_features: int, device: torch.device) -> nn.Module:
-        return HadamardRotation(self.signs(in_features).to(device), known_factor(in_features).to(device))
+        n = self.block_size or in_features
+        if in_features % n:
+            raise UnsupportedError(f"hadamard block_size {n} does not divide a linear's {in_features} inputs")
+        return HadamardRotation(self.signs(n).to(device), known_factor(n).to(device))
 
     def weight(self, weight: torch.Tensor, input_module: nn.Module) -> torch.Tensor:
         return input_module(weight)  # each row rotated as an input is: (x Ĥ)(W Ĥ)ᵀ = x Wᵀ

@@ -47,26 +47,28 @@ def _with_online_rotations(model, folder: Path) -> None:
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("randomize", [False, True])
+@pytest.mark.parametrize("block_size", [None, 32])
 def test_the_exported_rotation_runs_the_measured_logits_through_compressed_tensors(
-        shape: str, randomize: bool, tmp_path: Path) -> None:
+        shape: str, randomize: bool, block_size: int | None, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     model = make_llama(num_hidden_layers=2, **SHAPES[shape]).eval()
-    fmt = build_format({"format": "int4", "group_size": 32, "symmetric": True,
-                        "transforms": [{"name": "hadamard", "randomize": randomize, "seed": 5}]})
+    fmt = build_format({"format": "int4", "group_size": 32, "symmetric": True, "transforms": [
+        {"name": "hadamard", "randomize": randomize, "seed": 5, "block_size": block_size}]})
     assert "compressed-tensors" in fmt.exports and "gguf" not in fmt.exports
     quantize_(model, fmt)
     result = export_(model, "compressed-tensors", tmp_path)
     qconfig = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
     schemes = qconfig["transform_config"]["config_groups"]
-    sylvester = shape == "pow2" and not randomize
+    sylvester = (shape == "pow2" or block_size is not None) and not randomize  # 32: a power of two
     assert [s["type"] for s in schemes.values()] == ["hadamard" if sylvester else "random-hadamard"]
+    assert schemes["v"]["head_dim"] == block_size  # block-diagonal: each run of 32 inputs rotated alike
     linears = [n for n, _ in model.named_modules() if n.endswith("_proj")]
     assert sorted(schemes["v"]["apply"][0]["targets"]) == sorted(linears)
     from safetensors.torch import load_file
 
     written = {k: v for k, v in load_file(tmp_path / "model.safetensors").items() if "_input.weight" in k}
-    assert len(written) == 2  # one per input size (hidden, intermediate)
+    assert len(written) == (2 if block_size is None else 1)  # one per size: (hidden, intermediate), or the block
     assert all(set(v.float().abs().unique().tolist()) == {1.0} for v in written.values())
     assert any("online input rotations" in n for n in result.notes)
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from quantlab import quantize_
+from quantlab import UnsupportedError, quantize_
 from quantlab.extend import WEIGHT_FORMATS
 from quantlab.quant.format import build_format
 from quantlab.quant.transforms import TRANSFORMS
@@ -34,13 +34,27 @@ def test_the_rotation_is_compressed_tensors_hadamard_matrix(n: int, randomize: b
     assert torch.allclose(eye @ eye.T, torch.eye(n), atol=1e-5)  # orthogonal
 
 
+@pytest.mark.parametrize("n,block", [(576, 16), (1536, 32), (640, 64)])
+def test_a_block_rotation_is_compressed_tensors_block_diagonal_matrix(n: int, block: int) -> None:
+    t = TRANSFORMS["hadamard"].build(randomize=True, seed=3, block_size=block)
+    rotation = t.input_module(n, torch.device("cpu"))
+    small = ct.random_hadamard_matrix(block, torch.float64, gen=torch.Generator().manual_seed(3))
+    x = torch.randn(5, n, dtype=torch.float64)
+    want = (x @ torch.block_diag(*[small] * (n // block)) / math.sqrt(block)).float()
+    assert torch.allclose(rotation(x.float()), want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(rotation.matrix(), small.float().round())  # what an export writes: one block
+    with pytest.raises(UnsupportedError, match="block_size 128 does not divide a linear.s 576 inputs"):
+        TRANSFORMS["hadamard"].build(block_size=128).input_module(576, torch.device("cpu"))
+
+
 def test_the_transform_alone_leaves_the_logits_unchanged() -> None:
     model = make_llama(num_hidden_layers=2, hidden_size=192, num_attention_heads=3, num_key_value_heads=3,
                        intermediate_size=320).eval()  # inputs of 192 and 320: known-factor sizes
     ids = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = model(ids).logits
-        for transforms in (["hadamard"], [{"name": "hadamard", "randomize": True}, "hadamard"]):
+        for transforms in (["hadamard"], [{"name": "hadamard", "randomize": True}, "hadamard"],
+                           [{"name": "hadamard", "randomize": True, "block_size": 16}]):
             rotated = copy.deepcopy(model)
             quantize_(rotated, build_format({"format": "cast", "dtype": "float32", "transforms": transforms}))
             weight = rotated.model.layers[0].mlp.down_proj.weight
@@ -76,6 +90,8 @@ def test_gptq_sees_the_rotated_inputs_and_the_layer_applies_what_it_measured() -
 def test_the_recipe_form_labels_and_refusals() -> None:
     fmt = build_format({"format": "int4", "group_size": 32, "transforms": [{"name": "hadamard", "randomize": True}]})
     assert fmt.label == "int4-g32-asym-hadr0" and fmt.exports == ("compressed-tensors",)  # the rotation carried
+    blocks = build_format({"format": "nvfp4", "transforms": [{"name": "hadamard", "randomize": True, "block_size": 16}]})
+    assert blocks.label.endswith("-hadr0b16") and build_format(WEIGHT_FORMATS.recipe_entry(blocks)) == blocks
     assert "hadr0 acts on each input at run time, which gguf does not carry" in fmt.export_refusal("gguf")
     assert build_format(WEIGHT_FORMATS.recipe_entry(fmt)) == fmt
     gptq = build_format({"format": "gptq", "bits": 4, "group_size": 32, "act_order": True, "transforms": ["hadamard"]})
