@@ -9,7 +9,7 @@ from quantlab import native
 
 def test_every_vendored_folder_carries_its_licence_and_upstream_version() -> None:
     folders = [p for p in native.THIRD_PARTY.iterdir() if p.is_dir()]
-    assert [p.name for p in folders] == ["ggml"]
+    assert sorted(p.name for p in folders) == ["ggml", "ggml_repack"]
     for folder in folders:
         assert "Permission is hereby granted" in (folder / "LICENSE").read_text()
         assert re.search(r"commit [0-9a-f]{40}", (folder / "VERSION").read_text())
@@ -20,6 +20,7 @@ def test_quantlabs_own_sources_hold_no_vendored_code_and_include_it_by_name() ->
     assert set(own) == {"bitplane.c", "common.h", "fp8.c", "ggml.c", "int8_act.c", "kv_attention.c", "lut4.c"}
     assert not any("The ggml authors" in text for text in own.values())
     assert '#include "ggml_quants.c"' in own["ggml.c"]  # one translation unit: ggml's static functions in reach
+    assert '#include "ggml_repack.c"' in own["ggml.c"]
 
 
 def test_each_kernel_builds_and_loads_from_the_package_sources() -> None:
