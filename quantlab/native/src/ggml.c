@@ -262,13 +262,12 @@ int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0,
  * a decode step: each row of x rounded once to 8-bit blocks (Q8_0, or Q8_K for Q4_K) into scratch, then ggml's GEMV
  * over eight output rows at a time, the groups of eight split over OpenMP threads. */
 int ggml_matmul_repacked(int type, const uint8_t * w, const float * x, float * y, int64_t m, int64_t out,
-                         int64_t n_in, uint8_t * scratch) {
+                         int64_t n_in, int64_t row_bytes, uint8_t * scratch) {
     if (!ggml_repack_available(type) || out % 8) return -1;
     vec_dot_fn dot; from_float_fn from; int64_t qb, qbytes;
     if (dot_traits(type, &dot, &from, &qb, &qbytes)) return -1;
     const int64_t x_row_bytes = (n_in / qb) * qbytes;
-    const int64_t group_bytes = type == T_Q4_K ? (n_in / QK_K) * (int64_t)sizeof(block_q4_Kx8)
-                                               : (n_in / QK4_0) * (int64_t)sizeof(block_q4_0x8);
+    const int64_t group_bytes = 8 * row_bytes;  /* eight rows interleaved: as many bytes as the eight rows */
     for (int64_t i = 0; i < m; ++i) from(x + i * n_in, scratch + i * x_row_bytes, n_in);
     const int64_t groups = out / 8;
     #pragma omp parallel
@@ -298,8 +297,8 @@ int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0,
     (void)type; (void)src; (void)dst; (void)row0; (void)row1; (void)n_in; return -1;
 }
 int ggml_matmul_repacked(int type, const uint8_t * w, const float * x, float * y, int64_t m, int64_t out,
-                         int64_t n_in, uint8_t * scratch) {
-    (void)type; (void)w; (void)x; (void)y; (void)m; (void)out; (void)n_in; (void)scratch; return -1;
+                         int64_t n_in, int64_t row_bytes, uint8_t * scratch) {
+    (void)type; (void)w; (void)x; (void)y; (void)m; (void)out; (void)n_in; (void)row_bytes; (void)scratch; return -1;
 }
 int ggml_dot_available(void) { return 0; }
 int64_t ggml_q8_scratch_bytes(int type, int64_t m, int64_t n_in) { (void)type; (void)m; (void)n_in; return -1; }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -43,7 +43,7 @@ def _library() -> ctypes.CDLL:
     lib.ggml_repack_available.argtypes = [i]
     lib.ggml_repack_rows.argtypes = [i, p, p, i64, i64]
     lib.ggml_unpack_rows.argtypes = [i, p, p, i64, i64, i64]
-    lib.ggml_matmul_repacked.argtypes = [i, p, p, p, i64, i64, i64, p]
+    lib.ggml_matmul_repacked.argtypes = [i, p, p, p, i64, i64, i64, i64, p]
     for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul, lib.ggml_matmul_q8,
               lib.ggml_dot_available, lib.ggml_repack_available, lib.ggml_repack_rows, lib.ggml_unpack_rows,
               lib.ggml_matmul_repacked):
@@ -143,30 +143,29 @@ def ggml_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.
     return y
 
 
-def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    """``x [M, in]`` times the weight as llama.cpp's CPU backend multiplies: each row of ``x`` rounded to the type's
-    8-bit activation blocks (Q8_0, Q8_1 or Q8_K), then ggml's integer dot product per output row."""
+def _q8_product(entry: Callable[..., int], x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` times the weight through a C product against 8-bit activation blocks (``entry``:
+    ``ggml_matmul_q8`` or ``ggml_matmul_repacked``, which share their arguments), with its scratch."""
     t = GGML_TYPES[ggml_type]
     x = x.contiguous()
     m, n_in = x.shape
     scratch = torch.empty(_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
     y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
-    _library().ggml_matmul_q8(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in,
-                       blocks.shape[1], scratch.data_ptr())
+    entry(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in, blocks.shape[1],
+          scratch.data_ptr())
     return y
+
+
+def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    """``x [M, in]`` times the weight as llama.cpp's CPU backend multiplies: each row of ``x`` rounded to the type's
+    8-bit activation blocks (Q8_0, Q8_1 or Q8_K), then ggml's integer dot product per output row."""
+    return _q8_product(_library().ggml_matmul_q8, x, blocks, ggml_type)
 
 
 def ggml_matmul_repacked(x: torch.Tensor, packed: torch.Tensor, ggml_type: str) -> torch.Tensor:
     """``x [M, in]`` times a repacked weight as llama.cpp's repacked CPU path multiplies it: each row of ``x`` in the
     type's 8-bit activation blocks, then ggml's GEMV over eight interleaved output rows at a time."""
-    t = GGML_TYPES[ggml_type]
-    x = x.contiguous()
-    m, n_in = x.shape
-    scratch = torch.empty(_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
-    y = torch.empty(m, packed.shape[0], dtype=torch.float32)
-    _library().ggml_matmul_repacked(t.ggml_id, packed.data_ptr(), x.data_ptr(), y.data_ptr(), m, packed.shape[0],
-                                    n_in, scratch.data_ptr())
-    return y
+    return _q8_product(_library().ggml_matmul_repacked, x, packed, ggml_type)
 
 
 def ggml_dequantize_repacked(packed: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
@@ -194,29 +193,18 @@ matmul_repacked_op = native_op("ggml_matmul_repacked", ggml_matmul_repacked)
 dequantize_repacked_op = native_op("ggml_dequantize_repacked", ggml_dequantize_repacked)
 
 
-@register_fake(matmul_op)
-def _(x, blocks, ggml_type):
+def _product_fake(x, blocks, ggml_type):  # type: ignore[no-untyped-def]
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
-@register_fake(matmul_q8_op)
-def _(x, blocks, ggml_type):
-    return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
-
-
-@register_fake(dequantize_op)
-def _(blocks, ggml_type, n_in, row0, row1, dtype):
+def _rows_fake(blocks, ggml_type, n_in, row0, row1, dtype):  # type: ignore[no-untyped-def]
     return blocks.new_empty(row1 - row0, n_in, dtype=dtype)
 
 
-@register_fake(matmul_repacked_op)
-def _(x, packed, ggml_type):
-    return x.new_empty(x.shape[0], packed.shape[0], dtype=torch.float32)
-
-
-@register_fake(dequantize_repacked_op)
-def _(packed, ggml_type, n_in, row0, row1, dtype):
-    return packed.new_empty(row1 - row0, n_in, dtype=dtype)
+for _op in (matmul_op, matmul_q8_op, matmul_repacked_op):
+    register_fake(_op)(_product_fake)
+for _op in (dequantize_op, dequantize_repacked_op):
+    register_fake(_op)(_rows_fake)
 
 
 @KERNELS.register

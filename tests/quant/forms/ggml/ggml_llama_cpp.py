@@ -45,9 +45,9 @@ class _CPUTraits(ctypes.Structure):  # ggml-cpu.h's struct ggml_type_traits_cpu
                 ("nrows", ctypes.c_int64)]
 
 
-def llama_cpp_cpu_product(ggml_id: int, blocks: np.ndarray, x: np.ndarray) -> np.ndarray | None:
-    """``x`` (float32 ``[n]``) times each row of ``blocks`` as llama.cpp's CPU backend computes it: ``x`` in the
-    type's activation blocks (its ``from_float``), then its ``vec_dot`` per row; ``None`` without llama-cpp-python."""
+def _cpu_library() -> ctypes.CDLL | None:
+    """llama.cpp's CPU backend (libggml-cpu) with its type traits declared and initialised; ``None`` without
+    llama-cpp-python."""
     folder = _lib_dir()
     if folder is None:
         return None
@@ -55,19 +55,34 @@ def llama_cpp_cpu_product(ggml_id: int, blocks: np.ndarray, x: np.ndarray) -> np
     lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_CPUTraits)
     lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
     lib.ggml_cpu_init()
+    return lib
+
+
+def _activations(lib: ctypes.CDLL, ggml_id: int, x: np.ndarray) -> tuple[np.ndarray, _CPUTraits]:
+    """``x`` (float32 ``[n]``) in the activation blocks the type multiplies against (its ``vec_dot_type``'s
+    ``from_float``), and the type's traits."""
     from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    traits = lib.ggml_get_type_traits_cpu(ggml_id).contents
+    activations = np.zeros(2 * x.size, np.uint8)
+    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(x.ctypes.data,
+                                                                                      activations.ctypes.data, x.size)
+    return activations, traits
+
+
+def llama_cpp_cpu_product(ggml_id: int, blocks: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    """``x`` (float32 ``[n]``) times each row of ``blocks`` as llama.cpp's CPU backend computes it: ``x`` in the
+    type's activation blocks (its ``from_float``), then its ``vec_dot`` per row; ``None`` without llama-cpp-python."""
+    lib = _cpu_library()
+    if lib is None:
+        return None
     vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n = x.size
-    traits = lib.ggml_get_type_traits_cpu(ggml_id).contents
-    activations = np.zeros(2 * n, np.uint8)
-    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(x.ctypes.data,
-                                                                                      activations.ctypes.data, n)
+    activations, traits = _activations(lib, ggml_id, x)
     out = np.zeros(blocks.shape[0], np.float32)
     for r in range(blocks.shape[0]):
         row = np.ascontiguousarray(blocks[r])
-        vec_dot(traits.vec_dot)(n, out[r:].ctypes.data, 0, row.ctypes.data, 0, activations.ctypes.data, 0, 1)
+        vec_dot(traits.vec_dot)(x.size, out[r:].ctypes.data, 0, row.ctypes.data, 0, activations.ctypes.data, 0, 1)
     return out
 
 
@@ -78,25 +93,15 @@ def llama_cpp_repacked_product(ggml_type: str, ggml_id: int, packed: np.ndarray,
     """``x`` (float32 ``[n]``) times the rows of a weight repacked eight rows at a time (``packed``, uint8
     ``[out, row bytes]``), as llama.cpp's repacked CPU path computes it: ``x`` in the type's activation blocks, then
     ggml-cpu's own AVX2 GEMV (``ggml_gemv_<type>_8x8_*``) over all rows; ``None`` without llama-cpp-python."""
-    folder = _lib_dir()
-    if folder is None:
+    lib = _cpu_library()
+    if lib is None:
         return None
-    lib = ctypes.CDLL(str(folder / "libggml-cpu.so"))
-    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_CPUTraits)
-    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
-    lib.ggml_cpu_init()
     gemv = getattr(lib, _GEMV[ggml_type])
     gemv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                      ctypes.c_int]
     gemv.restype = None
-    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n = x.size
-    traits = lib.ggml_get_type_traits_cpu(ggml_id).contents
-    activations = np.zeros(2 * n, np.uint8)
-    from_float(lib.ggml_get_type_traits_cpu(traits.vec_dot_type).contents.from_float)(x.ctypes.data,
-                                                                                      activations.ctypes.data, n)
+    activations, _ = _activations(lib, ggml_id, x)
     packed = np.ascontiguousarray(packed)
     out = np.zeros(packed.shape[0], np.float32)
-    gemv(n, out.ctypes.data, 0, packed.ctypes.data, activations.ctypes.data, 1, packed.shape[0])
+    gemv(x.size, out.ctypes.data, 0, packed.ctypes.data, activations.ctypes.data, 1, packed.shape[0])
     return out
