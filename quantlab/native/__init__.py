@@ -52,8 +52,11 @@ def _cpu_signature() -> str:
 
 
 @functools.cache
-def load(name: str) -> ctypes.CDLL:
-    """``native/<name>.c`` built for this machine and loaded; ``UnsupportedError`` when it cannot be built."""
+def load(name: str, flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """``native/<name>.c`` built for this machine and loaded; ``UnsupportedError`` when it cannot be built.
+
+    ``flags``: compiler options added after the usual ones, e.g. ``("-mno-avx512f",)`` to build the AVX2 path of a
+    kernel that also has an AVX-512 one (the tests run both)."""
     import torch  # noqa: F401  (torch's OpenMP runtime is loaded first, so the library binds to it)
 
     cc = compiler()
@@ -65,14 +68,14 @@ def load(name: str) -> ctypes.CDLL:
         raise UnsupportedError(f"the {name} kernel's source {source} is missing (an install without quantlab's C "
                                "sources: reinstall from the wheel or the checkout)")
     included = [f.read_text() for d in INCLUDES for f in sorted(d.glob("*")) if f.suffix in (".h", ".c") and f != source]
-    key = hashlib.sha256("\0".join([source.read_text(), *included, cc, *FLAGS, _cpu_signature()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source.read_text(), *included, cc, *FLAGS, *flags, _cpu_signature()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{name}-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
             try:
-                done = subprocess.run([cc, *FLAGS, *(f"-I{d}" for d in INCLUDES), str(source), "-o", str(built)],
+                done = subprocess.run([cc, *FLAGS, *flags, *(f"-I{d}" for d in INCLUDES), str(source), "-o", str(built)],
                                       capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise UnsupportedError(f"building the {name} kernel with {cc} failed: {e}") from None

@@ -78,6 +78,18 @@ static inline __m256 fp8_widen8(const uint8_t* p, int e5m2) {
 }
 #endif
 
+#if defined(__AVX512BW__) && defined(__F16C__)
+/* 32 float8 codes as floats, as fp8_widen8 reads them (e4m3 times 2^-8), 16 to a register: e4m3's sign shifted to
+   the top and its exponent and mantissa one place below (an arithmetic shift copies the sign into bit 14, which
+   the mask clears). */
+static inline void fp8_widen32(const uint8_t* p, int e5m2, __m512* lo, __m512* hi) {
+    __m512i b = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p)), 8);
+    __m512i h = e5m2 ? b : _mm512_and_si512(_mm512_srai_epi16(b, 1), _mm512_set1_epi16((short)0xBFFF));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+#endif
+
 #ifdef __AVX2__
 static inline float hsum(__m256 v) {
     float t[8]; _mm256_storeu_ps(t, v);

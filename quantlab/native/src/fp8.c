@@ -11,6 +11,9 @@
 #if defined(__AVX2__) && defined(__F16C__)
 #define FP8_SIMD 1
 #endif
+#if defined(__AVX512BW__) && defined(__F16C__)
+#define FP8_AVX512 1  /* 32 codes a step, widened 16 to a register (fp8_widen32) */
+#endif
 
 enum { E4M3 = 0, E5M2 = 1 };
 
@@ -31,7 +34,25 @@ static inline __attribute__((always_inline)) void rows_simd_row(int n, const uin
         const uint8_t* row = w + (size_t)n * K;
         __m256 acc[4][2];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-        for (int k = 0; k < k16; k += 16) {
+        int k0 = 0;
+#ifdef FP8_AVX512
+        __m512 wide[4][2];
+        for (int r = 0; r < R; r++) wide[r][0] = wide[r][1] = _mm512_setzero_ps();
+        for (; k0 + 32 <= k16; k0 += 32) {
+            __m512 v0, v1;
+            fp8_widen32(row + k0, kind == E5M2, &v0, &v1);
+            for (int r = 0; r < R; r++) {
+                const float* xb = x + (size_t)r * K + k0;
+                wide[r][0] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xb), wide[r][0]);
+                wide[r][1] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xb + 16), wide[r][1]);
+            }
+        }
+        for (int r = 0; r < R; r++) {  /* folded into the 8-wide sums the 16-code tail adds to */
+            __m512 t = _mm512_add_ps(wide[r][0], wide[r][1]);
+            acc[r][0] = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+        }
+#endif
+        for (int k = k0; k < k16; k += 16) {
             __m256 v0 = widen8(row + k, kind), v1 = widen8(row + k + 8, kind);
             for (int r = 0; r < R; r++) {
                 const float* xb = x + (size_t)r * K + k;
@@ -118,9 +139,48 @@ static inline __attribute__((always_inline)) void blocks_rows_simd_row(int n, co
         size_t s0 = (size_t)(n / rows_per_scale) * per_row;
         __m256 total[4];
         for (int r = 0; r < R; r++) total[r] = _mm256_setzero_ps();
+#ifdef FP8_AVX512
+        if (b == 32 && K % 32 == 0) {  /* MXFP8: each block's codes scaled in registers, once for all rows */
+            __m512 t[4][2];
+            for (int r = 0; r < R; r++) t[r][0] = t[r][1] = _mm512_setzero_ps();
+            for (int g = 0; g < per_row; g++) {
+                __m512 v0, v1, s = _mm512_set1_ps(256.0f * blocks_scale(scales, scale_kind, s0 + g));
+                fp8_widen32(row + g * 32, 0, &v0, &v1);
+                v0 = _mm512_mul_ps(v0, s);
+                v1 = _mm512_mul_ps(v1, s);
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + g * 32;
+                    t[r][0] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xb), t[r][0]);
+                    t[r][1] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xb + 16), t[r][1]);
+                }
+            }
+            for (int r = 0; r < R; r++) y[(size_t)r * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(t[r][0], t[r][1]));
+            return;
+        }
+#endif
         for (int g = 0; g < per_row; g++) {
             int end = (g + 1) * b < K ? (g + 1) * b : K, k = g * b;
             __m256 s = _mm256_set1_ps(256.0f * blocks_scale(scales, scale_kind, s0 + g));
+#ifdef FP8_AVX512
+            if (k + 32 <= end) {  /* the block's products summed 16 wide, then scaled once */
+                __m512 a[4][2];
+                for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+                for (; k + 32 <= end; k += 32) {
+                    __m512 v0, v1;
+                    fp8_widen32(row + k, 0, &v0, &v1);
+                    for (int r = 0; r < R; r++) {
+                        const float* xb = x + (size_t)r * K + k;
+                        a[r][0] = _mm512_fmadd_ps(v0, _mm512_loadu_ps(xb), a[r][0]);
+                        a[r][1] = _mm512_fmadd_ps(v1, _mm512_loadu_ps(xb + 16), a[r][1]);
+                    }
+                }
+                for (int r = 0; r < R; r++) {
+                    __m512 t = _mm512_add_ps(a[r][0], a[r][1]);
+                    total[r] = _mm256_fmadd_ps(s, _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1)),
+                                               total[r]);
+                }
+            }
+#endif
             for (; k + 32 <= end; k += 32) {  /* 32 codes' products summed, then scaled once */
                 __m256 v0 = widen8(row + k, E4M3), v1 = widen8(row + k + 8, E4M3);
                 __m256 v2 = widen8(row + k + 16, E4M3), v3 = widen8(row + k + 24, E4M3);

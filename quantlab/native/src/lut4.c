@@ -9,8 +9,13 @@
    float32 offset; or a microscaling scale (quantlab.quant.forms.microscaling): an e8m0 biased exponent byte (kind
    2, the power of two 2^(e - 127)), or an e4m3 byte decoded through `dmap` and divided by one float32 global
    scale (`scale2[0]`, kind 3; NVFP4). A decode step's few rows of activations are multiplied by the codes directly: 32 codes at a time are
-   split out of their nibbles and looked up in the table in registers, never written out. Compiled at first use
-   with the machine's C compiler. */
+   split out of their nibbles and looked up in the table in registers, never written out. With AVX-512 the whole
+   table sits in one register: a 16-byte load widened to 16 lanes gives the low nibbles' codes as they are and the
+   high nibbles' after one shift, each looked up with one permute (vpermps reads an index's low 4 bits), against
+   the activations split once per call into the even and odd positions of every 32. Compiled at first use with the
+   machine's C compiler. */
+#include <stdlib.h>
+
 #include "common.h"
 
 enum { ABSMAX_F32 = 0, ABSMAX_DQ = 1, SCALE_E8M0 = 2, SCALE_E4M3 = 3 };
@@ -92,6 +97,83 @@ static inline __attribute__((always_inline)) void row_avx2(int n,
 }
 #endif
 
+#ifdef __AVX512F__
+/* x [R, K] with each 32 values reordered as the 16 even positions, then the 16 odd ones (the low and high
+   nibbles' codes of 16 bytes). */
+static void split_even_odd(const float* x, float* xs, int R, int K) {
+    for (size_t i = 0; i < (size_t)R * K; i += 32)
+        for (int j = 0; j < 16; j++) { xs[i + j] = x[i + 2 * j]; xs[i + 16 + j] = x[i + 2 * j + 1]; }
+}
+
+/* Scales b0 .. b0 + count - 1 into sc, each as block_scale gives it (e4m3 over the global scale: the same
+   division, 16 at a time). */
+static inline void row_scales(const void* absmax, int kind, const float* scale2, const float* offset,
+                              const float* dmap, size_t b0, int count, float* sc) {
+    if (kind != SCALE_E4M3) {
+        for (int i = 0; i < count; i++) sc[i] = block_scale(absmax, kind, scale2, offset, dmap, b0 + i);
+        return;
+    }
+    const uint8_t* bytes = (const uint8_t*)absmax + b0;
+    int i = 0;
+#ifdef __F16C__
+    const __m256 g = _mm256_set1_ps(scale2[0]), unit = _mm256_set1_ps(256.0f);  /* fp8_widen8 reads 2^-8 of a code */
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(sc + i, _mm256_div_ps(_mm256_mul_ps(fp8_widen8(bytes + i, 0), unit), g));
+#endif
+    for (; i < count; i++) sc[i] = dmap[bytes[i]] / scale2[0];
+}
+
+static inline __attribute__((always_inline)) void row_avx512(int n,
+        const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset, const float* dmap,
+        const float* lut, const float* xs, float* y, int R, int N, int K, int block) {
+    const __m512 table = _mm512_loadu_ps(lut);
+    const uint8_t* row = w + (size_t)n * (K / 2);
+    size_t b0 = (size_t)n * (K / block);
+    __m512 total[4][2];
+    for (int r = 0; r < R; r++) total[r][0] = total[r][1] = _mm512_setzero_ps();
+    if (block == 16 || block == 32) {  /* microscaling: the codes scaled in registers, once for all rows */
+        int per_row = K / block;
+        float sc[per_row];  /* the row's scales, decoded first (NVFP4's divisions 16 at a time) */
+        row_scales(absmax, kind, scale2, offset, dmap, b0, per_row, sc);
+        int pair = block == 16;  /* two scales per 32 codes */
+        const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        for (int k = 0, i = 0; k < K; k += 32, i += 1 + pair) {
+            __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + k / 2)));
+            __m512 s = pair  /* lanes 0-7 hold codes 0-15, the first block's; lanes 8-15 the second's */
+                ? _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double*)(sc + i)))))
+                : _mm512_set1_ps(sc[i]);
+            __m512 lo = _mm512_mul_ps(s, _mm512_permutexvar_ps(c, table));
+            __m512 hi = _mm512_mul_ps(s, _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), table));
+            for (int r = 0; r < R; r++) {
+                const float* xb = xs + (size_t)r * K + k;
+                total[r][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), total[r][0]);
+                total[r][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), total[r][1]);
+            }
+        }
+    } else {
+        for (int g = 0; g < K / block; g++) {
+            __m512 acc[4][2];
+            for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            for (int k = g * block; k < (g + 1) * block; k += 32) {
+                __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + k / 2)));
+                __m512 lo = _mm512_permutexvar_ps(c, table), hi = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), table);
+                for (int r = 0; r < R; r++) {
+                    const float* xb = xs + (size_t)r * K + k;
+                    acc[r][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[r][0]);
+                    acc[r][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), acc[r][1]);
+                }
+            }
+            __m512 s = _mm512_set1_ps(block_scale(absmax, kind, scale2, offset, dmap, b0 + g));
+            for (int r = 0; r < R; r++) {
+                total[r][0] = _mm512_fmadd_ps(s, acc[r][0], total[r][0]);
+                total[r][1] = _mm512_fmadd_ps(s, acc[r][1], total[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) y[(size_t)r * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(total[r][0], total[r][1]));
+}
+#endif
+
 static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                         const float* dmap, const float* lut, const float* x, float* y, int R, int N, int K, int block) {
     int per_row = K / block;
@@ -116,6 +198,25 @@ static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const fl
 /* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
 void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                  const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
+#ifdef __AVX512F__
+    float* xs = malloc((size_t)M * K * sizeof(float));
+    if (xs) {
+        split_even_odd(x, xs, M, K);
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int R = M - m0 < 4 ? M - m0 : 4;
+            const float* xr = xs + (size_t)m0 * K;
+            float* yr = y + (size_t)m0 * N;
+            #pragma omp parallel for schedule(static)
+            for (int n = 0; n < N; n++) {
+#define ROWS(C) row_avx512(n, w, absmax, kind, scale2, offset, dmap, lut, xr, yr, C, N, K, block)
+                WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
+            }
+        }
+        free(xs);
+        return;
+    }
+#endif
     for (int m0 = 0; m0 < M; m0 += 4) {
         int R = M - m0 < 4 ? M - m0 : 4;
         const float* xr = x + (size_t)m0 * K;

@@ -22,9 +22,10 @@ ABSMAX_F32, ABSMAX_DQ = 0, 1
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    """The built ``lut4`` library (also multiplies the microscaling forms' e2m1 codes, ``quant.forms``)."""
-    lib = native.load("lut4")
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The built ``lut4`` library (also multiplies the microscaling forms' e2m1 codes, ``quant.forms``;
+    ``flags``: extra compiler options, ``native.load``)."""
+    lib = native.load("lut4", flags)
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.lut4_matmul.argtypes = [p, p, i, p, p, p, p, p, p, i, i, i, i]
     lib.lut4_dequantize.argtypes = [p, p, i, p, p, p, p, p, i, i, i, i, i]

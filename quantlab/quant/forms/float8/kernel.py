@@ -19,9 +19,9 @@ KINDS = {"float8_e4m3fn": 0, "float8_e5m2": 1}  # torch dtype name -> the C kern
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    """The built ``fp8`` library."""
-    lib = native.load("fp8")
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The built ``fp8`` library (``flags``: extra compiler options, ``native.load``)."""
+    lib = native.load("fp8", flags)
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.fp8_matmul.argtypes = [p, p, i, i, p, p, i, i, i]
     lib.fp8_dequantize.argtypes = [p, p, i, i, p, i, i, i, i]

@@ -1,0 +1,134 @@
+"""Kernels with an AVX-512 path and an AVX2 one: both builds agree with the dequantized reference and with each
+other, on shapes off the SIMD width, for 1-13 rows (the machine's own build takes the AVX-512 path where the CPU
+has it; the other is built with ``-mno-avx512f``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import rel_error
+from quantlab.errors import UnsupportedError
+from quantlab.quant.forms.codebook import kernel as lut4_kernels
+from quantlab.quant.forms.codebook.kernel import Lut4CPUKernel
+from quantlab.quant.forms.codebook.tensor import quantize_codebook
+from quantlab.quant.forms.float8 import kernel as fp8_kernels
+from quantlab.quant.forms.microscaling.kernel import E2M1CPUKernel, MXFP8CPUKernel
+from quantlab.quant.forms.microscaling.quantize import quantize_mx, quantize_nvfp4
+
+NO_AVX512 = ("-mno-avx512f",)
+ROWS = [1, 2, 3, 5, 13]
+
+
+def _avx512() -> bool:
+    from pathlib import Path
+    try:
+        return " avx512bw" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def _builds(module, monkeypatch: pytest.MonkeyPatch):
+    """Each build of ``module``'s library in turn: the machine's, then without AVX-512."""
+    default = module.library
+    try:
+        default(NO_AVX512)
+    except UnsupportedError as e:
+        pytest.skip(f"no C compiler for the second build: {e}")
+    yield "native"
+    monkeypatch.setattr(module, "library", lambda flags=(): default(flags or NO_AVX512))
+    yield "no-avx512"
+
+
+def _products(kernel_for, module, x: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
+    out = {}
+    for build in _builds(module, monkeypatch):
+        out[build] = kernel_for()(x)
+    return out
+
+
+def _weight(out: int, n_in: int) -> torch.Tensor:
+    w = torch.randn(out, n_in, generator=torch.Generator().manual_seed(0)) * 0.05
+    w[:, 3] *= 40  # an outlier column: scales differ across blocks
+    return w
+
+
+def _x(rows: int, n_in: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(rows, n_in, generator=torch.Generator().manual_seed(1)).to(dtype)
+
+
+def _check(ys: dict[str, torch.Tensor], ref: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for build, y in ys.items():
+        assert y.dtype == dtype and y.shape == ref.shape, build
+        assert rel_error(y.float(), ref) < tol, build
+    assert rel_error(ys["native"].float(), ys["no-avx512"].float()) < (2e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("codebook, block, double_quant, n_in", [("nf4", 64, True, 576), ("fp4", 32, False, 576),
+                                                                ("nf4", 128, False, 640)])
+def test_codebook_builds_agree(rows: int, dtype: torch.dtype, codebook: str, block: int, double_quant: bool, n_in: int,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    q = quantize_codebook(_weight(40, n_in), codebook, block, double_quant)
+    x = _x(rows, n_in, dtype)
+    ys = _products(lambda: Lut4CPUKernel(q, dtype), lut4_kernels, x, monkeypatch)
+    _check(ys, F.linear(x.float(), q.dequantize()), dtype)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["mxfp4", "nvfp4"])
+def test_e2m1_builds_agree(rows: int, dtype: torch.dtype, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _weight(24, 608)  # 19 blocks of 32, 38 of 16
+    q = quantize_mx(w, "e2m1") if form == "mxfp4" else quantize_nvfp4(w)
+    x = _x(rows, 608, dtype)
+    ys = _products(lambda: E2M1CPUKernel(q, dtype), lut4_kernels, x, monkeypatch)
+    _check(ys, F.linear(x.float(), q.dequantize()), dtype)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_in", [592, 640])  # 18.5 x 32: a tail of 16 after the 32-wide steps; whole 64s
+def test_fp8_builds_agree(rows: int, dtype: torch.dtype, n_in: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantlab.quant.forms.float8.kernel import FP8CPUKernel
+    from quantlab.quant.forms.float8.tensor import quantize_fp8
+
+    for kind in ("e4m3", "e5m2"):
+        q = quantize_fp8(_weight(24, n_in), kind)
+        x = _x(rows, n_in, dtype)
+        ys = _products(lambda: FP8CPUKernel(q, dtype), fp8_kernels, x, monkeypatch)
+        _check(ys, F.linear(x.float(), q.dequantize()), dtype)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("rows", ROWS)
+def test_mxfp8_builds_agree(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = quantize_mx(_weight(24, 608), "e4m3")
+    x = _x(rows, 608, torch.float32)
+    ys = _products(lambda: MXFP8CPUKernel(q, torch.float32), fp8_kernels, x, monkeypatch)
+    _check(ys, F.linear(x, q.dequantize()), torch.float32)
+
+
+def _with_build(module, flags: tuple[str, ...], make):
+    default = module.library
+    try:
+        module.library = lambda f=(): default(f or flags)
+        return make()
+    finally:
+        module.library = default
+
+
+def test_this_machine_takes_the_avx512_path_where_it_has_one() -> None:
+    """The machine's build differs from the AVX2 one exactly where the CPU has AVX-512 (the two sum in other
+    orders, so their float32 outputs differ in the last bits)."""
+    from quantlab.quant.forms.float8.kernel import FP8CPUKernel
+    from quantlab.quant.forms.float8.tensor import quantize_fp8
+
+    x = _x(1, 2048, torch.float32)
+    for module, q, cls in ((lut4_kernels, quantize_codebook(_weight(256, 2048), "nf4", 64, False), Lut4CPUKernel),
+                           (fp8_kernels, quantize_fp8(_weight(256, 2048), "e4m3"), FP8CPUKernel)):
+        y = cls(q, torch.float32)(x)
+        y2 = _with_build(module, NO_AVX512, lambda: cls(q, torch.float32)(x))
+        assert (not torch.equal(y, y2)) == _avx512(), module.__name__
