@@ -8,7 +8,8 @@
    Weights dequantize as (code - zero) * scale, with one scale and zero per row and group of `group` columns (the
    last group may be shorter). Scales are float32, float16 or bfloat16 (scale_kind 0, 1, 2); zeros are `bits`-bit
    codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), float zero points
-   in code units stored like the scales (zero_row_bytes -1: HQQ's form), or absent (NULL: every zero is sym_zero). Compiled at first use with the machine's C compiler. */
+   in code units stored like the scales (zero_row_bytes -1: HQQ's form), or absent (NULL: every zero is sym_zero).
+   With AVX-512 a block's 32 codes become floats 16 to a register. Compiled at first use with the machine's C compiler. */
 #include "common.h"
 
 
@@ -81,6 +82,25 @@ static inline __attribute__((always_inline)) void row_avx2(
         for (int g = 0; g < n_groups; g++) {
             __m256 acc[4][2];
             for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#ifdef __AVX512F__
+            __m512 wide[4][2];
+            for (int r = 0; r < R; r++) wide[r][0] = wide[r][1] = _mm512_setzero_ps();
+            for (int b = g * group / 32, b1 = group_end(g, group, K) / 32; b < b1; b++) {  /* 16 codes to a register */
+                __m256i codes = decode_block_avx2(row + (size_t)b * block_bytes, bits);
+                __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes)));
+                __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1)));
+                for (int r = 0; r < R; r++) {
+                    const float* xb = x + (size_t)r * K + b * 32;
+                    wide[r][0] = _mm512_fmadd_ps(c0, _mm512_loadu_ps(xb), wide[r][0]);
+                    wide[r][1] = _mm512_fmadd_ps(c1, _mm512_loadu_ps(xb + 16), wide[r][1]);
+                }
+            }
+            for (int r = 0; r < R; r++) {
+                __m512 t = _mm512_add_ps(wide[r][0], wide[r][1]);
+                acc[r][0] = _mm512_castps512_ps256(t);
+                acc[r][1] = _mm512_extractf32x8_ps(t, 1);
+            }
+#else
             for (int b = g * group / 32, b1 = group_end(g, group, K) / 32; b < b1; b++) {
                 __m256i codes = decode_block_avx2(row + (size_t)b * block_bytes, bits);
                 __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
@@ -96,6 +116,7 @@ static inline __attribute__((always_inline)) void row_avx2(
                     acc[r][1] = _mm256_fmadd_ps(c3, _mm256_loadu_ps(xb + 24), acc[r][1]);
                 }
             }
+#endif
             size_t gi = (size_t)n * n_groups + g;
             float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
             __m256 vs = _mm256_set1_ps(s);

@@ -54,8 +54,9 @@ def from_bitplanes(planes: torch.Tensor, bits: int, n_in: int) -> torch.Tensor:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
-    lib = native.load("bitplane")
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The built ``bitplane`` library (``flags``: extra compiler options, ``native.load``)."""
+    lib = native.load("bitplane", flags)
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.bitplane_matmul.argtypes = [p, p, i, p, i, i, p, p, i, i, i, i, i]
     lib.bitplane_dequantize.argtypes = [p, p, i, p, i, i, p, i, i, i, i, i, i]
@@ -77,7 +78,7 @@ def bitplane_matmul(x: torch.Tensor, planes: torch.Tensor, scales: torch.Tensor,
     x = x.contiguous()
     m, n_in = x.shape
     y = torch.empty(m, planes.shape[0], dtype=torch.float32)
-    _library().bitplane_matmul(planes.data_ptr(), scales.data_ptr(), SCALE_KINDS[scales.dtype], *_zeros(zeros),
+    library().bitplane_matmul(planes.data_ptr(), scales.data_ptr(), SCALE_KINDS[scales.dtype], *_zeros(zeros),
                                1 << (bits - 1), x.data_ptr(), y.data_ptr(), m, planes.shape[0], n_in, bits, group)
     return y
 
@@ -86,7 +87,7 @@ def bitplane_dequantize(planes: torch.Tensor, scales: torch.Tensor, zeros: torch
                         group: int, n_in: int, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
     """Rows ``[row0, row1)`` of the weight as ``dtype`` (float32 or bfloat16)."""
     out = torch.empty(row1 - row0, n_in, dtype=dtype)
-    _library().bitplane_dequantize(planes.data_ptr(), scales.data_ptr(), SCALE_KINDS[scales.dtype], *_zeros(zeros),
+    library().bitplane_dequantize(planes.data_ptr(), scales.data_ptr(), SCALE_KINDS[scales.dtype], *_zeros(zeros),
                                    1 << (bits - 1), out.data_ptr(), OUT_KINDS[dtype], row0, row1, n_in, bits, group)
     return out
 
@@ -117,7 +118,7 @@ class BitplaneCPUKernel(FusedRowsKernel):
 
     def __init__(self, q: QuantizedTensor | FloatZeroTensor, dtype: torch.dtype) -> None:
         super().__init__()
-        _library()  # build (or find) the C kernel now: a failure passes the choice on
+        library()  # build (or find) the C kernel now: a failure passes the choice on
         self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
         self.group = q.group_size or q.shape[1]
         self.float_zero = isinstance(q, FloatZeroTensor)

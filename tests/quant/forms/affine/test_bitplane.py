@@ -129,7 +129,7 @@ def test_without_a_compiler_the_choice_passes_on(monkeypatch: pytest.MonkeyPatch
     def no_library():
         raise UnsupportedError("building the bitplane kernel failed")
 
-    monkeypatch.setattr(kernel_bitplane, "_library", no_library)
+    monkeypatch.setattr(kernel_bitplane, "library", no_library)
     assert isinstance(choose_kernel(quantize_tensor(_weight(), 3, 128), CPU, torch.bfloat16), DequantKernel)
     with pytest.raises(UnsupportedError, match="bitplane kernel failed"):
         choose_kernel(quantize_tensor(_weight(), 3, 128), CPU, torch.bfloat16, ["bitplane_cpu"])
