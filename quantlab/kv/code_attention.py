@@ -43,8 +43,9 @@ MAX_CHANNEL_BLOCK = 1024  # positions of a per-channel key block (its scores are
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
-    lib = native.load("kv_attention")
+def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The built ``kv_attention`` library (``flags``: extra compiler options, ``native.load``)."""
+    lib = native.load("kv_attention", flags)
     i, p = ctypes.c_int, ctypes.c_void_p
     for f in (lib.kv_scores, lib.kv_values):
         f.argtypes = [i, i, i, i, i, i, p, p, p, i, i, p, p, i, p]
@@ -57,7 +58,7 @@ def _library() -> ctypes.CDLL:
 def available() -> bool:
     """Whether the C kernel builds on this machine (a C compiler is found); otherwise layers keep the expression."""
     try:
-        _library()
+        library()
     except UnsupportedError:
         return False
     return True
@@ -97,7 +98,7 @@ def _call(name: str, kind: int, bits: int, group: int, data: torch.Tensor, scale
     bh, s = _heads_and_slots(kind, group, d, data)
     row_bytes = data.shape[-1] * data.element_size()
     zero_bytes = zeros.shape[-1] if zeros is not None else 0
-    getattr(_library(), name)(kind, bits, d, group, row_bytes, zero_bytes, data.data_ptr(),
+    getattr(library(), name)(kind, bits, d, group, row_bytes, zero_bytes, data.data_ptr(),
                               None if scales is None else scales.data_ptr(), None if zeros is None else zeros.data_ptr(),
                               bh, s, n_valid.data_ptr(), x.data_ptr(), x.shape[1], out.data_ptr())
 

@@ -9,6 +9,9 @@ import torch.nn.functional as F
 
 from conftest import rel_error
 from quantlab.errors import UnsupportedError
+from quantlab.kv import code_attention
+from quantlab.kv.packed import Codec
+from quantlab.kv.static import CodeStore
 from quantlab.quant.forms.affine import bitplane as bitplane_kernels
 from quantlab.quant.forms.affine.tensor import quantize_tensor
 from quantlab.quant.forms.codebook import kernel as lut4_kernels
@@ -124,6 +127,36 @@ def test_bitplane_builds_agree(rows: int, dtype: torch.dtype, bits: int, group: 
     # the zero points' term (scale x zero x the group's sum of x) cancels most of the codes' sum: per channel, 640
     # codes with an outlier column in the scale, float32 keeps about 5 digits of the difference
     _check(ys, F.linear(x.float(), q.dequantize()), dtype, tol32=5e-5)
+
+
+KV_CODECS = [*[Codec(bits=b, group_size=g) for b in (8, 4, 2) for g in (16, 64)], Codec(bits=3, group_size=16),
+             *[Codec(dtype=d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)],
+             *[Codec(element=e) for e in code_attention.BLOCK_KINDS]]
+
+
+@pytest.mark.parametrize("codec", KV_CODECS, ids=str)
+@pytest.mark.parametrize("d, g", [(64, 3), (256, 4), (96, 1), (40, 5)])  # 96: 6 chunks of 16; 40: the AVX2 path
+def test_kv_attention_builds_agree(codec: Codec, d: int, g: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores and weighted values over stored KV codes, 4 rows at a time in the AVX-512 build: every stored
+    length (none, a partial group of 4 rows, whole ones) against the dequantized products, in both builds."""
+    b, h, slots = 1, 2, 23
+    if codec.element is not None and d % 32:
+        pytest.skip("the block forms take whole blocks of 32 channels")
+    torch.manual_seed(0)
+    store = CodeStore(codec, b, h, slots, d, torch.device("cpu"))
+    store.write(torch.arange(slots), torch.randn(b, h, slots, d) * 3)
+    ref = store.read(torch.float32).reshape(b * h, slots, d)
+    q, p = torch.randn(b * h, g, d), torch.softmax(torch.randn(b * h, g, slots), -1)
+    args = code_attention._store_args(store)
+    for valid in (slots, 13, 4, 1, 0):
+        n = torch.tensor(valid)
+        got = {build: (code_attention.scores_op(*args, n, q), code_attention.values_op(*args, n, p))
+               for build in _builds(code_attention, monkeypatch)}
+        monkeypatch.undo()
+        for build, (scores, values) in got.items():
+            assert torch.allclose(scores[..., :valid], q @ ref[:, :valid].transpose(1, 2), atol=1e-4, rtol=1e-5), build
+            assert torch.equal(scores[..., valid:], torch.zeros_like(scores[..., valid:])), build
+            assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5), build
 
 
 def _with_build(module, flags: tuple[str, ...], make):

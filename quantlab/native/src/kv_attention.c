@@ -17,7 +17,8 @@
      kv_scores:  out[bh, g, s]  = q[bh, g, :] . key[bh, s, :]                (s < n_valid, else 0)
      kv_values:  out[bh, g, :]  = sum over s < n_valid of p[bh, g, s] * value[bh, s, :]
 
-   decoding each row once into registers-sized scratch and never writing a dequantized history. Work is split
+   decoding each row once into registers-sized scratch and never writing a dequantized history (with AVX-512, the
+   common layouts 16 channels to a register and four rows at a time; otherwise 8 with AVX2). Work is split
    into chunks of CHUNK slots per head; kv_values reduces the chunks' partial sums in a fixed order, so its
    result does not depend on the thread count. Compiled at first use with the machine's C compiler. */
 #include "common.h"
@@ -279,7 +280,194 @@ static inline __attribute__((always_inline)) void scores_simd(const Store* st, i
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
+/* With AVX-512 the common layouts are read 16 channels to a register and never written to scratch: each stored
+   row's chunk of 16 is decoded (codes to floats, then one multiply-add with its group's scale and offset) and
+   used at once, four rows at a time (scores: 4 x G accumulators, reduced to four sums together; values: each
+   accumulator chunk loaded once for four rows). */
+#define KV_AVX512 1
+static const int32_t CRUMB16[16] = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
+static const float E2M1_SIGNED[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* Whether the AVX-512 path reads this store: whole chunks of 16 in every scale group, integers of 8, 4 or 2 bits. */
+static inline int reads512(const Store* st) {
+    if (st->D % 16 || st->kind == INT_CHANNEL) return 0;
+    if (st->kind == INT) return st->group % 16 == 0 && (st->bits == 8 || st->bits == 4 || st->bits == 2);
+    return !is_block_kind(st->kind) || st->group % 16 == 0;
+}
+
+/* The 16 bytes of 16 packed nibbles (element 2k in byte k's low nibble) at p, one per byte in order. */
+static inline __m128i nibbles16(const uint8_t* p) {
+    __m128i b = _mm_loadl_epi64((const __m128i*)p), m = _mm_set1_epi8(15);
+    return _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+
+/* 16 float8 e4m3 codes as floats times 2^-8 (as fp8_widen32 reads them). */
+static inline __m512 e4m3_16(const uint8_t* p) {
+    __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p)), 8);
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xBFFF)));
+}
+
+/* Stored row rr decoded into out[D]: per scale group, the codes as floats times the scale plus the offset. The
+   kind is switched on once per row; each case is a loop of 16-wide steps. */
+static inline void decode512(const Store* st, size_t rr, float* out) {
+    const uint8_t* row = st->data + rr * st->row_bytes;
+    const int D = st->D;
+    switch (st->kind) {
+        case INT: {
+            const uint16_t* scales = st->scales + rr * st->groups;
+            const uint8_t* zeros = st->zeros + rr * st->zero_bytes;
+            for (int j = 0, i0 = 0; i0 < D; j++, i0 += st->group) {
+                float scale = half_to_float(scales[j]);
+                __m512 sc = _mm512_set1_ps(scale), off = _mm512_set1_ps(-(float)code_at(zeros, j, st->bits) * scale);
+                if (st->bits == 8) {
+                    for (int i = i0; i < i0 + st->group; i += 16)
+                        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i*)(row + i)))), sc, off));
+                } else if (st->bits == 4) {
+                    for (int i = i0; i < i0 + st->group; i += 16)
+                        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                            nibbles16(row + i / 2))), sc, off));
+                } else {
+                    const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+                    const __m512i shifts = _mm512_loadu_si512(CRUMB16), three = _mm512_set1_epi32(3);
+                    for (int i = i0; i < i0 + st->group; i += 16) {
+                        uint32_t w; memcpy(&w, row + i / 4, 4);
+                        __m512i v = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)w), spread));
+                        v = _mm512_and_si512(_mm512_srlv_epi32(v, shifts), three);
+                        _mm512_storeu_ps(out + i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), sc, off));
+                    }
+                }
+            }
+            return;
+        }
+        case CAST_F32: memcpy(out, row, (size_t)D * 4); return;
+        case CAST_F16:
+            for (int i = 0; i < D; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 2 * i))));
+            return;
+        case CAST_BF16:
+            for (int i = 0; i < D; i += 16)
+                _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(row + 2 * i))), 16)));
+            return;
+        case CAST_E4M3: {
+            __m512 sc = _mm512_set1_ps((st->scales ? half_to_float(st->scales[rr]) : 1.0f) * 256.0f);
+            for (int i = 0; i < D; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(e4m3_16(row + i), sc));
+            return;
+        }
+        default: {  /* the block kinds */
+            const uint8_t* bs = (const uint8_t*)st->scales + rr * st->groups * st->scale_bytes;
+            const __m512 table = _mm512_loadu_ps(E2M1_SIGNED);
+            for (int j = 0, i0 = 0; i0 < D; j++, i0 += st->group) {
+                float scale = block_scale(st->kind, bs, j);
+                __m512 sc = _mm512_set1_ps(st->kind == MXFP8 ? scale * 256.0f : scale);
+                for (int i = i0; i < i0 + st->group; i += 16) {
+                    __m512 x;
+                    switch (st->kind) {
+                        case NVFP4: case MXFP4:
+                            x = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nibbles16(row + i / 2)), table); break;
+                        case MXFP8: x = e4m3_16(row + i); break;
+                        case Q8_0: x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + i)))); break;
+                        default: {  /* Q4_0: a block's low nibbles are its first 16 elements, the high ones the rest */
+                            __m128i b = _mm_loadu_si128((const __m128i*)(row + (i >> 5) * 16));
+                            if (i & 16) b = _mm_srli_epi16(b, 4);
+                            x = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(15)))),
+                                              _mm512_set1_ps(8.0f));
+                        }
+                    }
+                    _mm512_storeu_ps(out + i, _mm512_mul_ps(x, sc));
+                }
+            }
+        }
+    }
+}
+
+/* The four sums of four registers, in order. */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+#define HALVES(x) _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HALVES(a), HALVES(b)), _mm256_hadd_ps(HALVES(c), HALVES(d)));
+#undef HALVES
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* The stored rows of s .. s + 3 (a missing one repeats the last present, so every read stays in the store). */
+static inline void four_rows(const Store* st, int bh, int s, int m, size_t* rr) {
+    for (int r = 0; r < 4; r++) rr[r] = (size_t)bh * st->S + s + (r < m ? r : m - 1);
+}
+
+static inline __attribute__((always_inline)) void scores512(const Store* st, int bh, int s0, int s1, const float* q,
+                                                            const int G, float* out, int S) {
+    const int D = st->D;
+    float rows[4][MAX_D] __attribute__((aligned(64)));
+    for (int s = s0; s < s1; s += 4) {
+        const int m = s1 - s < 4 ? s1 - s : 4;
+        size_t rr[4];
+        four_rows(st, bh, s, m, rr);
+        for (int r = 0; r < 4; r++) decode512(st, rr[r], rows[r]);
+        __m512 acc[4][8];
+        for (int r = 0; r < 4; r++)
+            for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
+        for (int i = 0; i < D; i += 16) {
+            __m512 x0 = _mm512_load_ps(rows[0] + i), x1 = _mm512_load_ps(rows[1] + i);
+            __m512 x2 = _mm512_load_ps(rows[2] + i), x3 = _mm512_load_ps(rows[3] + i);
+            for (int g = 0; g < G; g++) {
+                __m512 qg = _mm512_loadu_ps(q + (size_t)g * D + i);
+                acc[0][g] = _mm512_fmadd_ps(qg, x0, acc[0][g]);
+                acc[1][g] = _mm512_fmadd_ps(qg, x1, acc[1][g]);
+                acc[2][g] = _mm512_fmadd_ps(qg, x2, acc[2][g]);
+                acc[3][g] = _mm512_fmadd_ps(qg, x3, acc[3][g]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            float t[4];
+            _mm_storeu_ps(t, reduce4(acc[0][g], acc[1][g], acc[2][g], acc[3][g]));
+            for (int r = 0; r < m; r++) out[(size_t)g * S + s + r] = t[r];
+        }
+    }
+}
+
+/* acc[g, :] += sum over s0 <= s < s1 of p[g, s] x row s (p: this head's [G, S] weights). */
+static inline __attribute__((always_inline)) void values512(const Store* st, int bh, int s0, int s1, const float* p,
+                                                            const int G, float* acc, int S) {
+    const int D = st->D;
+    float rows[4][MAX_D] __attribute__((aligned(64)));
+    for (int s = s0; s < s1; s += 4) {
+        const int m = s1 - s < 4 ? s1 - s : 4;
+        size_t rr[4];
+        four_rows(st, bh, s, m, rr);
+        for (int r = 0; r < 4; r++) decode512(st, rr[r], rows[r]);
+        __m512 w[8][4];
+        for (int g = 0; g < G; g++)
+            for (int r = 0; r < 4; r++) w[g][r] = _mm512_set1_ps(r < m ? p[(size_t)g * S + s + r] : 0.0f);
+        for (int i = 0; i < D; i += 16) {
+            __m512 x0 = _mm512_load_ps(rows[0] + i), x1 = _mm512_load_ps(rows[1] + i);
+            __m512 x2 = _mm512_load_ps(rows[2] + i), x3 = _mm512_load_ps(rows[3] + i);
+            for (int g = 0; g < G; g++) {
+                float* a = acc + (size_t)g * D + i;
+                __m512 v = _mm512_fmadd_ps(x0, w[g][0], _mm512_loadu_ps(a));
+                v = _mm512_fmadd_ps(x1, w[g][1], v);
+                v = _mm512_fmadd_ps(x2, w[g][2], v);
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(x3, w[g][3], v));
+            }
+        }
+    }
+}
+
+#define WITH_CONSTANT_G(G, CALL) do { switch (G) { \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+    case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); } } while (0)
+#endif
+
 static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q, int G, float* out, int S) {
+#ifdef KV_AVX512
+    if (G <= 8 && reads512(st)) {
+#define SCORES(K) scores512(st, bh, s0, s1, q, K, out, S)
+        WITH_CONSTANT_G(G, SCORES);
+#undef SCORES
+        return;
+    }
+#endif
 #ifdef KV_SIMD
     if (st->D % 8 == 0 && G <= 8) {
         switch (G) {
@@ -361,8 +549,17 @@ void kv_values(int kind, int bits, int D, int group, int row_bytes, int zero_byt
     #pragma omp parallel for schedule(static)
     for (int w = 0; w < BH * chunks; w++) {
         int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
-        float rows[4][MAX_D];
         float* acc = partial + (size_t)w * part;
+#ifdef KV_AVX512
+        if (G <= 8 && reads512(&st)) {
+            const float* pb = p + (size_t)bh * G * S;
+#define VALUES(K) values512(&st, bh, s0, s1, pb, K, acc, S)
+            WITH_CONSTANT_G(G, VALUES);
+#undef VALUES
+            continue;
+        }
+#endif
+        float rows[4][MAX_D];
         for (int s = s0; s < s1; s += 4) {  /* four rows per pass over the accumulators */
             int m = s1 - s < 4 ? s1 - s : 4;
             for (int k = 0; k < m; k++) decode_row(&st, bh, s + k, rows[k]);
