@@ -159,6 +159,31 @@ def test_kv_attention_builds_agree(codec: Codec, d: int, g: int, monkeypatch: py
             assert torch.allclose(values, p[..., :valid] @ ref[:, :valid], atol=1e-5, rtol=1e-5), build
 
 
+@pytest.mark.parametrize("codec", [Codec(bits=b, axis="channel", group_size=g) for b, g in
+                                   ((2, 32), (4, 16), (8, 64), (2, 48), (3, 32), (2, 8))], ids=str)
+@pytest.mark.parametrize("d, g", [(64, 3), (256, 4), (40, 5)])
+def test_kv_channel_keys_builds_agree(codec: Codec, d: int, g: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores over keys stored per channel (KIVI: a scale and zero point per channel over a block of positions),
+    the AVX-512 build keeping a block's accumulators in registers, against the dequantized products."""
+    b, h, slots = 1, 2, 3 * codec.group_size
+    torch.manual_seed(0)
+    store = CodeStore(codec, b, h, slots, d, torch.device("cpu"))
+    store.write(torch.arange(slots), torch.randn(b, h, slots, d) * 3)
+    ref = store.read(torch.float32).reshape(b * h, slots, d)
+    q = torch.randn(b * h, g, d)
+    args = code_attention._store_args(store)
+    for valid in (slots, codec.group_size, 0):  # whole blocks
+        n = torch.tensor(valid)
+        got = {build: code_attention.scores_op(*args, n, q) for build in _builds(code_attention, monkeypatch)}
+        monkeypatch.undo()
+        # a block's scores are the codes' sum less the zero points' share: float32 keeps about 6 digits of the
+        # terms' magnitude (|q| . |k|), not of their difference
+        atol = 1e-6 * float((q.abs() @ ref.abs().transpose(1, 2)).max())
+        for build, scores in got.items():
+            assert torch.allclose(scores[..., :valid], q @ ref[:, :valid].transpose(1, 2), atol=atol, rtol=1e-5), build
+            assert torch.equal(scores[..., valid:], torch.zeros_like(scores[..., valid:])), build
+
+
 def _with_build(module, flags: tuple[str, ...], make):
     default = module.library
     try:

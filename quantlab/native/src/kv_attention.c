@@ -487,6 +487,49 @@ static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q,
 }
 
 /* Scores over per-channel key blocks: for block k of head bh, score[t] = sum_i q_i s_ki (code_kit - z_ki). */
+#ifdef KV_AVX512
+/* Codes i .. i + 15 of an integer row of 8, 4 or 2 bits (i a multiple of 16) as floats. */
+static inline __m512 int_codes16(const uint8_t* row, int i, int bits) {
+    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + i))));
+    if (bits == 4) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles16(row + i / 2)));
+    uint32_t w; memcpy(&w, row + i / 4, 4);
+    __m512i v = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
+                                                      _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, _mm512_loadu_si512(CRUMB16)), _mm512_set1_epi32(3)));
+}
+
+/* One per-channel key block's scores (block = 16 x NC positions) with the G x NC accumulators in registers: each
+   channel's codes decoded once, then one multiply-add per query row and chunk. */
+static inline __attribute__((always_inline)) void channel_block512(int bits, int D, int BH, int bh, int k, int row_bytes,
+                                                                   int zero_bytes, const uint8_t* data,
+                                                                   const uint16_t* scales, const uint8_t* zeros,
+                                                                   const float* q, const int G, const int NC,
+                                                                   float* out, int S) {
+    __m512 acc[8][4];
+    float offset[8] = {0};
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NC; c++) acc[g][c] = _mm512_setzero_ps();
+    for (int i = 0; i < D; i++) {
+        size_t r = ((size_t)k * BH + bh) * D + i;
+        const uint8_t* row = data + r * row_bytes;
+        float scale = half_to_float(scales[r]);
+        int zero = code_at(zeros + r * zero_bytes, 0, bits);
+        __m512 x[4];
+        for (int c = 0; c < NC; c++) x[c] = int_codes16(row, 16 * c, bits);
+        for (int g = 0; g < G; g++) {
+            float wq = q[((size_t)bh * G + g) * D + i] * scale;
+            offset[g] += wq * zero;
+            __m512 vw = _mm512_set1_ps(wq);
+            for (int c = 0; c < NC; c++) acc[g][c] = _mm512_fmadd_ps(x[c], vw, acc[g][c]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float* o = out + ((size_t)bh * G + g) * S + (size_t)k * 16 * NC;
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + 16 * c, _mm512_sub_ps(acc[g][c], _mm512_set1_ps(offset[g])));
+    }
+}
+#endif
+
 static void channel_scores(int bits, int D, int block, int row_bytes, int zero_bytes, const uint8_t* data,
                            const uint16_t* scales, const uint8_t* zeros, int BH, int S, int n, const float* q, int G,
                            float* out) {
@@ -494,6 +537,17 @@ static void channel_scores(int bits, int D, int block, int row_bytes, int zero_b
     #pragma omp parallel for schedule(static)
     for (int w = 0; w < BH * blocks; w++) {
         int bh = w / blocks, k = w % blocks;
+#ifdef KV_AVX512
+        if (G <= 8 && block % 16 == 0 && block <= 64 && (bits == 8 || bits == 4 || bits == 2)) {
+#define BLOCK(K, NC) channel_block512(bits, D, BH, bh, k, row_bytes, zero_bytes, data, scales, zeros, q, K, NC, out, S)
+#define BLOCKS(K) do { switch (block) { case 16: BLOCK(K, 1); break; case 32: BLOCK(K, 2); break; \
+                                      case 48: BLOCK(K, 3); break; default: BLOCK(K, 4); } } while (0)
+            WITH_CONSTANT_G(G, BLOCKS);
+#undef BLOCKS
+#undef BLOCK
+            continue;
+        }
+#endif
         float acc[G][block], offset[G];  /* a few KB on the stack */
         memset(acc, 0, sizeof(acc));
         memset(offset, 0, sizeof(offset));
