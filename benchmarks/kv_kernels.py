@@ -3,12 +3,16 @@ the scores against the keys, the weighted sum of the values) for each stored lay
 two products (torch's bf16 matmuls over the same positions) and the bytes' bound.
 
     python benchmarks/kv_kernels.py [--threads 1] [--positions 4096] [--heads 3] [--group 3] [--head-dim 64]
+        [--layers 30]
 
 The stores hold random codes (the kernels' speed does not depend on their values) for ``--heads`` key/value heads
 of ``--positions`` positions, each read by ``--group`` query rows (SmolLM2-135M: 3 KV heads, 3 query heads each,
 64 channels). Each figure is the median of ``--repeats`` calls of scores + values after warm-up, best of
 ``--rounds`` rounds interleaved layout by layout. Prints a Markdown table: µs per layer, the stored MB, GB/s of
-those bytes, and the ratio to the bf16 products.
+those bytes, and the ratio to the bf16 products. ``--layers N`` keeps N copies of every store and calls them in
+turn, as a decode step visits its layers: with SmolLM2's 30 layers at 4,096 positions the stores no longer fit
+in the last-level cache and are read from memory, as they are in a step (one layer's store, the default, stays
+in cache between calls).
 """
 from __future__ import annotations
 
@@ -71,6 +75,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=64, help="channels per scale of the integer layouts")
     p.add_argument("--repeats", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--layers", type=int, default=1, help="copies of each store called in turn (a step's layers)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     bh, s, d, gq = args.heads, args.positions, args.head_dim, args.group
@@ -78,18 +83,26 @@ def main() -> None:
     q = torch.randn(bh, gq, d, generator=gen)
     probs = torch.softmax(torch.randn(bh, gq, s, generator=gen), -1)
     n = torch.tensor(s, dtype=torch.int64)
-    keys, values = torch.randn(bh, s, d, generator=gen).bfloat16(), torch.randn(bh, s, d, generator=gen).bfloat16()
+    caches = [(torch.randn(bh, s, d, generator=gen).bfloat16(), torch.randn(bh, s, d, generator=gen).bfloat16())
+              for _ in range(args.layers)]
+    turn = {"native": 0}
 
     def native() -> None:  # the native cache's step: q K^T and p V in bf16, as the engine runs them
+        keys, values = caches[turn["native"] % args.layers]
+        turn["native"] += 1
         torch.matmul(q.bfloat16(), keys.transpose(1, 2))
         torch.matmul(probs.bfloat16(), values)
 
-    calls: dict[str, tuple[Callable[[], object], int]] = {"native bf16 (matmul)": (native, 2 * keys.nbytes)}
+    calls: dict[str, tuple[Callable[[], object], int]] = {"native bf16 (matmul)": (native, 2 * caches[0][0].nbytes)}
     for name, (kind, bits, group, t) in layouts(bh, s, d, args.group_size).items():
         t = {**t, "data": t["data"].unsqueeze(0)}  # the stores are [batch, heads, slots, ·]
         stored = sum(x.nbytes for x in t.values() if x is not None)
+        copies = [{k: (x.clone() if x is not None else None) for k, x in t.items()} for _ in range(args.layers)]
+        turn[name] = 0
 
-        def kernel(kind=kind, bits=bits, group=group, t=t) -> None:
+        def kernel(name=name, kind=kind, bits=bits, group=group, copies=copies) -> None:
+            t = copies[turn[name] % args.layers]
+            turn[name] += 1
             ca.kv_scores(kind, bits, group, d, t["data"], t["scales"], t["zeros"], n, q)
             ca.kv_values(kind, bits, group, d, t["data"], t["scales"], t["zeros"], n, probs)
 
@@ -100,7 +113,7 @@ def main() -> None:
             best[name] = min(best[name], _median_us(fn, args.repeats))
     bandwidth = copy_bandwidth_bytes_per_s(torch.device("cpu"))
     base = best["native bf16 (matmul)"]
-    print(f"{args.threads} thread(s), {bh} KV heads x {gq} query rows x {s} positions x {d} channels, integer groups "
+    print(f"{args.threads} thread(s), {args.layers} layer(s) in turn, {bh} KV heads x {gq} query rows x {s} positions x {d} channels, integer groups "
           f"of {args.group_size}; copy bandwidth {bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, best of "
           f"{args.rounds} rounds\n")
     print("| layout | µs (scores + values) | MB stored (K + V) | GB/s | bytes' bound µs | × native bf16 |")

@@ -27,7 +27,7 @@ def filled_store(codec: Codec, b: int, h: int, slots: int, d: int) -> CodeStore:
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=str)
-@pytest.mark.parametrize("d,g", [(64, 3), (32, 1), (40, 5), (20, 4)])
+@pytest.mark.parametrize("d,g", [(64, 3), (32, 1), (40, 5), (20, 4), (96, 6)])
 def test_scores_and_values_equal_the_products_with_the_dequantized_store(codec: Codec, d: int, g: int) -> None:
     b, h, slots = 2, 2, 48
     store = filled_store(codec, b, h, slots, d)

@@ -17,8 +17,10 @@
      kv_scores:  out[bh, g, s]  = q[bh, g, :] . key[bh, s, :]                (s < n_valid, else 0)
      kv_values:  out[bh, g, :]  = sum over s < n_valid of p[bh, g, s] * value[bh, s, :]
 
-   decoding each row once into registers-sized scratch and never writing a dequantized history (with AVX-512, the
-   common layouts 16 channels to a register and four rows at a time; otherwise 8 with AVX2). Work is split
+   decoding each row once and never writing a dequantized history. With AVX-512 the common layouts (integers of
+   8, 4 and 2 bits, the float casts, e4m3) are decoded 16 channels to a register and used there: the scores four
+   rows at a time, the weighted values with a chunk of channels' accumulators held in registers over all the rows;
+   the block forms go through a scratch row; without AVX-512, 8 channels at a time with AVX2. Work is split
    into chunks of CHUNK slots per head; kv_values reduces the chunks' partial sums in a fixed order, so its
    result does not depend on the thread count. Compiled at first use with the machine's C compiler. */
 #include "common.h"
@@ -281,10 +283,9 @@ static inline __attribute__((always_inline)) void scores_simd(const Store* st, i
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__)
-/* With AVX-512 the common layouts are read 16 channels to a register and never written to scratch: each stored
-   row's chunk of 16 is decoded (codes to floats, then one multiply-add with its group's scale and offset) and
-   used at once, four rows at a time (scores: 4 x G accumulators, reduced to four sums together; values: each
-   accumulator chunk loaded once for four rows). */
+/* With AVX-512 each stored row's chunk of 16 channels is decoded (codes to floats, then one multiply-add with its
+   group's scale and offset) and used at once: scores four rows at a time (4 x G accumulators, reduced to four
+   sums together), values with G x 4 (G > 4: G x 2) accumulator registers kept over all of a chunk's rows. */
 #define KV_AVX512 1
 static const int32_t CRUMB16[16] = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
 static const float E2M1_SIGNED[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
@@ -307,6 +308,16 @@ static inline __m128i nibbles16(const uint8_t* p) {
 static inline __m512 e4m3_16(const uint8_t* p) {
     __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p)), 8);
     return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xBFFF)));
+}
+
+/* Codes i .. i + 15 of an integer row of 8, 4 or 2 bits (i a multiple of 16) as floats. */
+static inline __m512 int_codes16(const uint8_t* row, int i, int bits) {
+    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + i))));
+    if (bits == 4) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles16(row + i / 2)));
+    uint32_t w; memcpy(&w, row + i / 4, 4);
+    __m512i v = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
+                                                      _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, _mm512_loadu_si512(CRUMB16)), _mm512_set1_epi32(3)));
 }
 
 /* Stored row rr decoded into out[D]: per scale group, the codes as floats times the scale plus the offset. The
@@ -396,27 +407,75 @@ static inline void four_rows(const Store* st, int bh, int s, int m, size_t* rr) 
     for (int r = 0; r < 4; r++) rr[r] = (size_t)bh * st->S + s + (r < m ? r : m - 1);
 }
 
-static inline __attribute__((always_inline)) void scores512(const Store* st, int bh, int s0, int s1, const float* q,
-                                                            const int G, float* out, int S) {
-    const int D = st->D;
+/* The layouts decoded in registers (LAYOUT: kind x 16 + bits), each a constant in its own copy of the loops. */
+#define L_INT8 (INT * 16 + 8)
+#define L_INT4 (INT * 16 + 4)
+#define L_INT2 (INT * 16 + 2)
+#define L_BF16 (CAST_BF16 * 16)
+#define L_F16 (CAST_F16 * 16)
+#define L_F32 (CAST_F32 * 16)
+#define L_E4M3 (CAST_E4M3 * 16)
+#define IN_REGISTERS(st) ((st)->kind == INT || (st)->kind == CAST_BF16 || (st)->kind == CAST_F16 || \
+                          (st)->kind == CAST_F32 || (st)->kind == CAST_E4M3)
+
+/* A row's scale and offset for the 16 channels from i (LAYOUT constant: the casts have none, E4M3 a scale). */
+typedef struct { __m512 scale, offset; } Affine;
+static inline __attribute__((always_inline)) Affine affine16(const Store* st, const int layout, size_t rr, int i) {
+    Affine a = {_mm512_set1_ps(1.0f), _mm512_setzero_ps()};
+    if (layout / 16 == INT) {
+        int j = i / st->group;
+        float scale = half_to_float(st->scales[rr * st->groups + j]);
+        a.scale = _mm512_set1_ps(scale);
+        a.offset = _mm512_set1_ps(-(float)code_at(st->zeros + rr * st->zero_bytes, j, layout % 16) * scale);
+    } else if (layout == L_E4M3) {
+        a.scale = _mm512_set1_ps((st->scales ? half_to_float(st->scales[rr]) : 1.0f) * 256.0f);
+    }
+    return a;
+}
+
+/* Channels i .. i + 15 of stored row rr as floats, decoded in registers (as decode512 writes them). */
+static inline __attribute__((always_inline)) __m512 chunk16(const Store* st, const int layout, size_t rr, int i,
+                                                            Affine a) {
+    const uint8_t* row = st->data + rr * st->row_bytes;
+    switch (layout) {
+        case L_INT8: case L_INT4: case L_INT2:
+            return _mm512_fmadd_ps(int_codes16(row, i, layout % 16), a.scale, a.offset);
+        case L_BF16:
+            return _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(row + 2 * i))), 16));
+        case L_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 2 * i)));
+        case L_F32: return _mm512_loadu_ps((const float*)row + i);
+        default: return _mm512_mul_ps(e4m3_16(row + i), a.scale);  /* L_E4M3 */
+    }
+}
+
+/* Scores of rows [s0, s1) for G query rows, four rows at a time: each row's 16-channel chunks decoded in
+   registers (the block kinds through decode512's scratch rows). */
+static inline __attribute__((always_inline)) void scores512(const Store* st, const int layout, int bh, int s0, int s1,
+                                                            const float* q, const int G, float* out, int S) {
+    const int D = st->D, scaled = layout / 16 == INT;
     float rows[4][MAX_D] __attribute__((aligned(64)));
     for (int s = s0; s < s1; s += 4) {
         const int m = s1 - s < 4 ? s1 - s : 4;
         size_t rr[4];
         four_rows(st, bh, s, m, rr);
-        for (int r = 0; r < 4; r++) decode512(st, rr[r], rows[r]);
+        if (layout < 0)
+            for (int r = 0; r < 4; r++) decode512(st, rr[r], rows[r]);
         __m512 acc[4][8];
+        Affine a[4];
         for (int r = 0; r < 4; r++)
             for (int g = 0; g < G; g++) acc[r][g] = _mm512_setzero_ps();
         for (int i = 0; i < D; i += 16) {
-            __m512 x0 = _mm512_load_ps(rows[0] + i), x1 = _mm512_load_ps(rows[1] + i);
-            __m512 x2 = _mm512_load_ps(rows[2] + i), x3 = _mm512_load_ps(rows[3] + i);
+            __m512 x[4];
+            for (int r = 0; r < 4; r++) {
+                if (layout < 0) { x[r] = _mm512_load_ps(rows[r] + i); continue; }
+                if (i == 0 || (scaled && i % st->group == 0))
+                    a[r] = affine16(st, layout, rr[r], i);
+                x[r] = chunk16(st, layout, rr[r], i, a[r]);
+            }
             for (int g = 0; g < G; g++) {
                 __m512 qg = _mm512_loadu_ps(q + (size_t)g * D + i);
-                acc[0][g] = _mm512_fmadd_ps(qg, x0, acc[0][g]);
-                acc[1][g] = _mm512_fmadd_ps(qg, x1, acc[1][g]);
-                acc[2][g] = _mm512_fmadd_ps(qg, x2, acc[2][g]);
-                acc[3][g] = _mm512_fmadd_ps(qg, x3, acc[3][g]);
+                for (int r = 0; r < 4; r++) acc[r][g] = _mm512_fmadd_ps(qg, x[r], acc[r][g]);
             }
         }
         for (int g = 0; g < G; g++) {
@@ -427,10 +486,36 @@ static inline __attribute__((always_inline)) void scores512(const Store* st, int
     }
 }
 
-/* acc[g, :] += sum over s0 <= s < s1 of p[g, s] x row s (p: this head's [G, S] weights). */
-static inline __attribute__((always_inline)) void values512(const Store* st, int bh, int s0, int s1, const float* p,
-                                                            const int G, float* acc, int S) {
+/* acc[g, :] += sum over s0 <= s < s1 of p[g, s] x row s (p: this head's [G, S] weights). The layouts decoded in
+   registers take the channels NC chunks of 16 at a time, each chunk's G x NC accumulators in registers over all
+   the rows (the rows' order, and so the sums, as the block kinds' four-row loop keeps them). */
+static inline __attribute__((always_inline)) void values512(const Store* st, const int layout, int bh, int s0, int s1,
+                                                            const float* p, const int G, float* acc, int S) {
     const int D = st->D;
+    if (layout >= 0) {
+        const int NC = G <= 4 ? 4 : 2;  /* G x NC <= 16 accumulators */
+        const int scaled = layout / 16 == INT;
+        for (int c0 = 0; c0 < D; c0 += 16 * NC) {
+            const int nc = (D - c0) / 16 < NC ? (D - c0) / 16 : NC;
+            __m512 a[8][4];
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < nc; c++) a[g][c] = _mm512_loadu_ps(acc + (size_t)g * D + c0 + 16 * c);
+            for (int s = s0; s < s1; s++) {
+                const size_t rr = (size_t)bh * st->S + s;
+                __m512 w[8];
+                for (int g = 0; g < G; g++) w[g] = _mm512_set1_ps(p[(size_t)g * S + s]);
+                Affine af = affine16(st, layout, rr, c0);
+                for (int c = 0; c < nc; c++) {
+                    if (scaled && c && (c0 + 16 * c) % st->group == 0) af = affine16(st, layout, rr, c0 + 16 * c);
+                    __m512 x = chunk16(st, layout, rr, c0 + 16 * c, af);
+                    for (int g = 0; g < G; g++) a[g][c] = _mm512_fmadd_ps(x, w[g], a[g][c]);
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + (size_t)g * D + c0 + 16 * c, a[g][c]);
+        }
+        return;
+    }
     float rows[4][MAX_D] __attribute__((aligned(64)));
     for (int s = s0; s < s1; s += 4) {
         const int m = s1 - s < 4 ? s1 - s : 4;
@@ -454,6 +539,12 @@ static inline __attribute__((always_inline)) void values512(const Store* st, int
     }
 }
 
+/* CALL(layout) with the store's layout a constant (-1: the block kinds, through scratch rows). */
+#define WITH_LAYOUT(st, CALL) do { switch ((st)->kind == INT ? INT * 16 + (st)->bits : (st)->kind * 16) { \
+    case L_INT8: CALL(L_INT8); break; case L_INT4: CALL(L_INT4); break; case L_INT2: CALL(L_INT2); break; \
+    case L_BF16: CALL(L_BF16); break; case L_F16: CALL(L_F16); break; case L_F32: CALL(L_F32); break; \
+    case L_E4M3: CALL(L_E4M3); break; default: CALL(-1); } } while (0)
+
 #define WITH_CONSTANT_G(G, CALL) do { switch (G) { \
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
     case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); } } while (0)
@@ -462,9 +553,14 @@ static inline __attribute__((always_inline)) void values512(const Store* st, int
 static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q, int G, float* out, int S) {
 #ifdef KV_AVX512
     if (G <= 8 && reads512(st)) {
-#define SCORES(K) scores512(st, bh, s0, s1, q, K, out, S)
-        WITH_CONSTANT_G(G, SCORES);
+#define SCORES_L(L, K) scores512(st, L, bh, s0, s1, q, K, out, S)
+#define SCORES(L) do { switch (G) { \
+    case 1: SCORES_L(L, 1); break; case 2: SCORES_L(L, 2); break; case 3: SCORES_L(L, 3); break; \
+    case 4: SCORES_L(L, 4); break; case 5: SCORES_L(L, 5); break; case 6: SCORES_L(L, 6); break; \
+    case 7: SCORES_L(L, 7); break; default: SCORES_L(L, 8); } } while (0)
+        WITH_LAYOUT(st, SCORES);
 #undef SCORES
+#undef SCORES_L
         return;
     }
 #endif
@@ -488,16 +584,6 @@ static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q,
 
 /* Scores over per-channel key blocks: for block k of head bh, score[t] = sum_i q_i s_ki (code_kit - z_ki). */
 #ifdef KV_AVX512
-/* Codes i .. i + 15 of an integer row of 8, 4 or 2 bits (i a multiple of 16) as floats. */
-static inline __m512 int_codes16(const uint8_t* row, int i, int bits) {
-    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(row + i))));
-    if (bits == 4) return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles16(row + i / 2)));
-    uint32_t w; memcpy(&w, row + i / 4, 4);
-    __m512i v = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
-                                                      _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)));
-    return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, _mm512_loadu_si512(CRUMB16)), _mm512_set1_epi32(3)));
-}
-
 /* One per-channel key block's scores (block = 16 x NC positions) with the G x NC accumulators in registers: each
    channel's codes decoded once, then one multiply-add per query row and chunk. */
 static inline __attribute__((always_inline)) void channel_block512(int bits, int D, int BH, int bh, int k, int row_bytes,
@@ -607,9 +693,14 @@ void kv_values(int kind, int bits, int D, int group, int row_bytes, int zero_byt
 #ifdef KV_AVX512
         if (G <= 8 && reads512(&st)) {
             const float* pb = p + (size_t)bh * G * S;
-#define VALUES(K) values512(&st, bh, s0, s1, pb, K, acc, S)
-            WITH_CONSTANT_G(G, VALUES);
+#define VALUES_L(L, K) values512(&st, L, bh, s0, s1, pb, K, acc, S)
+#define VALUES(L) do { switch (G) { \
+    case 1: VALUES_L(L, 1); break; case 2: VALUES_L(L, 2); break; case 3: VALUES_L(L, 3); break; \
+    case 4: VALUES_L(L, 4); break; case 5: VALUES_L(L, 5); break; case 6: VALUES_L(L, 6); break; \
+    case 7: VALUES_L(L, 7); break; default: VALUES_L(L, 8); } } while (0)
+            WITH_LAYOUT(&st, VALUES);
 #undef VALUES
+#undef VALUES_L
             continue;
         }
 #endif
