@@ -346,7 +346,7 @@ def run(args: argparse.Namespace, threads_wanted: int | None) -> int:
                                                                                  n_ctx=n_ctx))
                   for t, path in files.items() for c in args.llama_cache}
         engines = {System("quantlab", name, kv): stack.enter_context(_engine(m, kv, args, cpu))
-                   for name, m in models.items() for kv in args.kv}
+                   for (name, kv), m in engine_models(models, args.kv).items()}
         rows = timing(args, model, llamas, engines, files, loaded.model.config, threads)
         if args.json:
             medians = {s: r["decode_ms_per_token"] for s, r in rows.items()}
@@ -382,6 +382,14 @@ def llama_cpp_quantized(model: Any, source: Path, recipe: str) -> Path:
                                       ctypes.byref(params)) != 0:
         raise SystemExit(f"llama.cpp could not quantize the BF16 export to {recipe}")
     return out
+
+
+def engine_models(models: dict[str, Any], caches: list[str]) -> dict[tuple[str, str], Any]:
+    """A model of its own for every (weights, cache) engine: an engine sets the model's attention for its cache
+    (the fused one for quantized caches) and replaces its bf16 linears while it is open, and all are open
+    together for the interleaved rounds, so engines sharing one model would each run the last one's settings."""
+    return {(name, kv): m if i == 0 else copy.deepcopy(m)
+            for name, m in models.items() for i, kv in enumerate(caches)}
 
 
 def _kv_format(name: str) -> Any:

@@ -77,3 +77,14 @@ def test_every_suite_comparison_parses(bench):
         for extra in comparisons:
             args = bench.parser().parse_args(extra)
             assert all(v in bench.VARIANTS or v == "forms" for v in args.variants), (name, extra)
+
+
+def test_each_cache_gets_a_model_of_its_own(bench):
+    """Engines open together must not share a model: each sets its attention and its linears on it."""
+    models = {"int4-g32": [1], "int8": [2]}
+    got = bench.engine_models(models, ["native", "int8", "int4"])
+    assert list(got) == [(w, kv) for w in models for kv in ("native", "int8", "int4")]
+    for w, m in models.items():
+        copies = [got[(w, kv)] for kv in ("native", "int8", "int4")]
+        assert copies[0] is m and all(c == m for c in copies)
+        assert len({id(c) for c in copies}) == 3

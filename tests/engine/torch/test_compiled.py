@@ -39,7 +39,10 @@ def decoded_logits(engine: str, model: nn.Module) -> list[torch.Tensor]:
             assert decode.options["attention"] == "quantlab" and model.config._attn_implementation == "quantlab"
             half = model.lm_head.weight.dtype == torch.bfloat16 if isinstance(model.lm_head, nn.Linear) else False
             assert decode.options["half_linears"] == ("fused_row_matmul" if half else "none in the model")
-        return logits_of(decode.generation())
+        logits = logits_of(decode.generation())
+        if engine == "compiled":  # one graph: the attention's kernel calls and their checks trace whole
+            assert decode.options["module_guards"] == "skipped"
+        return logits
 
 
 def logits_of(gen: latency.Generation) -> list[torch.Tensor]:
