@@ -17,6 +17,7 @@ in cache between calls).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -85,11 +86,10 @@ def main() -> None:
     n = torch.tensor(s, dtype=torch.int64)
     caches = [(torch.randn(bh, s, d, generator=gen).bfloat16(), torch.randn(bh, s, d, generator=gen).bfloat16())
               for _ in range(args.layers)]
-    turn = {"native": 0}
+    native_turns = itertools.cycle(caches)
 
     def native() -> None:  # the native cache's step: q K^T and p V in bf16, as the engine runs them
-        keys, values = caches[turn["native"] % args.layers]
-        turn["native"] += 1
+        keys, values = next(native_turns)
         torch.matmul(q.bfloat16(), keys.transpose(1, 2))
         torch.matmul(probs.bfloat16(), values)
 
@@ -97,12 +97,11 @@ def main() -> None:
     for name, (kind, bits, group, t) in layouts(bh, s, d, args.group_size).items():
         t = {**t, "data": t["data"].unsqueeze(0)}  # the stores are [batch, heads, slots, ·]
         stored = sum(x.nbytes for x in t.values() if x is not None)
-        copies = [{k: (x.clone() if x is not None else None) for k, x in t.items()} for _ in range(args.layers)]
-        turn[name] = 0
+        turns = itertools.cycle([{k: (x.clone() if x is not None else None) for k, x in t.items()}
+                                 for _ in range(args.layers)])
 
-        def kernel(name=name, kind=kind, bits=bits, group=group, copies=copies) -> None:
-            t = copies[turn[name] % args.layers]
-            turn[name] += 1
+        def kernel(kind=kind, bits=bits, group=group, turns=turns) -> None:
+            t = next(turns)
             ca.kv_scores(kind, bits, group, d, t["data"], t["scales"], t["zeros"], n, q)
             ca.kv_values(kind, bits, group, d, t["data"], t["scales"], t["zeros"], n, probs)
 
@@ -113,9 +112,9 @@ def main() -> None:
             best[name] = min(best[name], _median_us(fn, args.repeats))
     bandwidth = copy_bandwidth_bytes_per_s(torch.device("cpu"))
     base = best["native bf16 (matmul)"]
-    print(f"{args.threads} thread(s), {args.layers} layer(s) in turn, {bh} KV heads x {gq} query rows x {s} positions x {d} channels, integer groups "
-          f"of {args.group_size}; copy bandwidth {bandwidth / 1e9:.1f} GB/s; median of {args.repeats}, best of "
-          f"{args.rounds} rounds\n")
+    print(f"{args.threads} thread(s), {args.layers} layer(s) in turn, {bh} KV heads x {gq} query rows x {s} "
+          f"positions x {d} channels, integer groups of {args.group_size}; copy bandwidth {bandwidth / 1e9:.1f} GB/s; "
+          f"median of {args.repeats}, best of {args.rounds} rounds\n")
     print("| layout | µs (scores + values) | MB stored (K + V) | GB/s | bytes' bound µs | × native bf16 |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, (_, nbytes) in calls.items():

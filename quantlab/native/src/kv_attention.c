@@ -415,8 +415,6 @@ static inline void four_rows(const Store* st, int bh, int s, int m, size_t* rr) 
 #define L_F16 (CAST_F16 * 16)
 #define L_F32 (CAST_F32 * 16)
 #define L_E4M3 (CAST_E4M3 * 16)
-#define IN_REGISTERS(st) ((st)->kind == INT || (st)->kind == CAST_BF16 || (st)->kind == CAST_F16 || \
-                          (st)->kind == CAST_F32 || (st)->kind == CAST_E4M3)
 
 /* A row's scale and offset for the 16 channels from i (LAYOUT constant: the casts have none, E4M3 a scale). */
 typedef struct { __m512 scale, offset; } Affine;
@@ -539,7 +537,8 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
     }
 }
 
-/* CALL(layout) with the store's layout a constant (-1: the block kinds, through scratch rows). */
+/* CALL(layout) with the store's layout a constant (-1: the block kinds, through scratch rows); nested with
+   WITH_CONSTANT_G through a const local, which the inlined loops fold as they fold the literal. */
 #define WITH_LAYOUT(st, CALL) do { switch ((st)->kind == INT ? INT * 16 + (st)->bits : (st)->kind * 16) { \
     case L_INT8: CALL(L_INT8); break; case L_INT4: CALL(L_INT4); break; case L_INT2: CALL(L_INT2); break; \
     case L_BF16: CALL(L_BF16); break; case L_F16: CALL(L_F16); break; case L_F32: CALL(L_F32); break; \
@@ -553,14 +552,11 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
 static void scores_rows(const Store* st, int bh, int s0, int s1, const float* q, int G, float* out, int S) {
 #ifdef KV_AVX512
     if (G <= 8 && reads512(st)) {
-#define SCORES_L(L, K) scores512(st, L, bh, s0, s1, q, K, out, S)
-#define SCORES(L) do { switch (G) { \
-    case 1: SCORES_L(L, 1); break; case 2: SCORES_L(L, 2); break; case 3: SCORES_L(L, 3); break; \
-    case 4: SCORES_L(L, 4); break; case 5: SCORES_L(L, 5); break; case 6: SCORES_L(L, 6); break; \
-    case 7: SCORES_L(L, 7); break; default: SCORES_L(L, 8); } } while (0)
+#define SCORES_G(K) scores512(st, layout_, bh, s0, s1, q, K, out, S)
+#define SCORES(L) do { const int layout_ = (L); WITH_CONSTANT_G(G, SCORES_G); } while (0)
         WITH_LAYOUT(st, SCORES);
 #undef SCORES
-#undef SCORES_L
+#undef SCORES_G
         return;
     }
 #endif
@@ -693,14 +689,11 @@ void kv_values(int kind, int bits, int D, int group, int row_bytes, int zero_byt
 #ifdef KV_AVX512
         if (G <= 8 && reads512(&st)) {
             const float* pb = p + (size_t)bh * G * S;
-#define VALUES_L(L, K) values512(&st, L, bh, s0, s1, pb, K, acc, S)
-#define VALUES(L) do { switch (G) { \
-    case 1: VALUES_L(L, 1); break; case 2: VALUES_L(L, 2); break; case 3: VALUES_L(L, 3); break; \
-    case 4: VALUES_L(L, 4); break; case 5: VALUES_L(L, 5); break; case 6: VALUES_L(L, 6); break; \
-    case 7: VALUES_L(L, 7); break; default: VALUES_L(L, 8); } } while (0)
+#define VALUES_G(K) values512(&st, layout_, bh, s0, s1, pb, K, acc, S)
+#define VALUES(L) do { const int layout_ = (L); WITH_CONSTANT_G(G, VALUES_G); } while (0)
             WITH_LAYOUT(&st, VALUES);
 #undef VALUES
-#undef VALUES_L
+#undef VALUES_G
             continue;
         }
 #endif

@@ -40,7 +40,7 @@ def decoded_logits(engine: str, model: nn.Module) -> list[torch.Tensor]:
             half = model.lm_head.weight.dtype == torch.bfloat16 if isinstance(model.lm_head, nn.Linear) else False
             assert decode.options["half_linears"] == ("fused_row_matmul" if half else "none in the model")
         logits = logits_of(decode.generation())
-        if engine == "compiled":  # one graph: the attention's kernel calls and their checks trace whole
+        if engine == "compiled":  # one graph: a break anywhere in the step would keep the module guards
             assert decode.options["module_guards"] == "skipped"
         return logits
 
