@@ -1,6 +1,7 @@
 """What one call of a C kernel costs beyond its work, by how the op is defined: the plain Python function, the op as
-``torch.library.custom_op`` defines it, and as ``quantlab.native.ops.native_op`` defines it (the dispatcher
-directly), each called as a compiled graph calls it and inside a compiled chain of 50 calls.
+``torch.library.custom_op`` defines it, as ``quantlab.native.ops.native_op`` defines it (the dispatcher directly,
+a Python kernel), and quantlab's own op with its C++ kernel (``native.load_ops``: no Python in the call), each
+called as a compiled graph calls it and inside a compiled chain of 50 calls.
 
     python benchmarks/op_overhead.py [--threads 1] [--calls 3000]
 
@@ -15,8 +16,9 @@ from typing import Callable
 
 import torch
 
+from quantlab import native
 from quantlab.native.ops import native_op, register_fake
-from quantlab.quant.forms.ggml.kernel import ggml_matmul_q8, quantize_ggml
+from quantlab.quant.forms.ggml.kernel import GGML_TYPES, ggml_matmul_q8, matmul_q8_op, quantize_ggml
 
 
 def per_call_us(f: Callable[[], object], calls: int) -> float:
@@ -43,15 +45,18 @@ def main() -> None:
     register_fake(direct)(lambda x, blocks, ggml_type: x.new_empty(x.shape[0], blocks.shape[0]))
     ops = {"plain function": ggml_matmul_q8, "custom_op": torch.ops.quantlab_bench.wrapped.default,
            "native_op": direct}
+    if native.load_ops("ggml"):
+        ops["native_op + C++ kernel"] = matmul_q8_op
+    q4_k = GGML_TYPES["Q4_K"].ggml_id
 
     print("| definition | us per call | x plain | us per call in a compiled chain of 50 | x plain |\n|---|---|---|---|---|")
     base: dict[str, float] = {}
     for name, op in ops.items():
-        alone = per_call_us(lambda: op(x, small.blocks, "Q4_K"), args.calls)
+        alone = per_call_us(lambda: op(x, small.blocks, q4_k), args.calls)
 
         def chain(h: torch.Tensor, op=op) -> torch.Tensor:
             for _ in range(50):
-                h = torch.tanh(h + op(h, square.blocks, "Q4_K"))
+                h = torch.tanh(h + op(h, square.blocks, q4_k))
             return h
 
         with torch.inference_mode():

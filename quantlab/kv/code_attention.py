@@ -61,6 +61,7 @@ def available() -> bool:
         library()
     except UnsupportedError:
         return False
+    native.load_ops("kv_attention")  # the C++ kernels of its ops, where they build
     return True
 
 

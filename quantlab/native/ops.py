@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover  (torch 2.4)
 
 NAMESPACE = "quantlab"
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_CPP_KERNEL: dict[OpOverload, bool] = {}  # whether an op's CPU kernel is C++ (``native.load_ops``), by op
 
 
 def native_op(name: str, kernel: Callable[..., torch.Tensor]) -> OpOverload:
@@ -37,3 +38,12 @@ def register_fake(op: OpOverload) -> Callable[[Callable[..., torch.Tensor]], Cal
         torch.library.register_fake(op, fake, lib=_LIBRARY)
         return fake
     return register
+
+
+def has_cpp_kernel(op: OpOverload) -> bool:
+    """Whether ``op`` runs a C++ CPU kernel (``native.load_ops`` registered one), so calling it costs less than
+    calling its Python function."""
+    found = _CPP_KERNEL.get(op)
+    if found is None:
+        found = _CPP_KERNEL[op] = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU")
+    return found

@@ -20,6 +20,7 @@ from quantlab.quant.forms.codebook.tensor import quantize_codebook
 from quantlab.quant.forms.float8 import kernel as fp8_kernels
 from quantlab.quant.forms.microscaling.kernel import E2M1CPUKernel, MXFP8CPUKernel
 from quantlab.quant.forms.microscaling.quantize import quantize_mx, quantize_nvfp4
+from quantlab.quant.kernels import base as kernels_base
 
 NO_AVX512 = ("-mno-avx512f",)
 ROWS = [1, 2, 3, 5, 13]
@@ -42,6 +43,7 @@ def _builds(module, monkeypatch: pytest.MonkeyPatch):
         pytest.skip(f"no C compiler for the second build: {e}")
     yield "native"
     monkeypatch.setattr(module, "library", lambda flags=(): default(flags or NO_AVX512))
+    monkeypatch.setattr(kernels_base, "has_cpp_kernel", lambda op: False)  # the ops' C++ kernels link the native build
     yield "no-avx512"
 
 
@@ -150,7 +152,7 @@ def test_kv_attention_builds_agree(codec: Codec, d: int, g: int, monkeypatch: py
     args = code_attention._store_args(store)
     for valid in (slots, 13, 4, 1, 0):
         n = torch.tensor(valid)
-        got = {build: (code_attention.scores_op(*args, n, q), code_attention.values_op(*args, n, p))
+        got = {build: (code_attention.kv_scores(*args, n, q), code_attention.kv_values(*args, n, p))
                for build in _builds(code_attention, monkeypatch)}
         monkeypatch.undo()
         for build, (scores, values) in got.items():
@@ -174,7 +176,7 @@ def test_kv_channel_keys_builds_agree(codec: Codec, d: int, g: int, monkeypatch:
     args = code_attention._store_args(store)
     for valid in (slots, codec.group_size, 0):  # whole blocks
         n = torch.tensor(valid)
-        got = {build: code_attention.scores_op(*args, n, q) for build in _builds(code_attention, monkeypatch)}
+        got = {build: code_attention.kv_scores(*args, n, q) for build in _builds(code_attention, monkeypatch)}
         monkeypatch.undo()
         # a block's scores are the codes' sum less the zero points' share: float32 keeps about 6 digits of the
         # terms' magnitude (|q| . |k|), not of their difference
@@ -185,12 +187,13 @@ def test_kv_channel_keys_builds_agree(codec: Codec, d: int, g: int, monkeypatch:
 
 
 def _with_build(module, flags: tuple[str, ...], make):
-    default = module.library
+    default, cpp = module.library, kernels_base.has_cpp_kernel
     try:
         module.library = lambda f=(): default(f or flags)
+        kernels_base.has_cpp_kernel = lambda op: False  # the ops' C++ kernels link the native build
         return make()
     finally:
-        module.library = default
+        module.library, kernels_base.has_cpp_kernel = default, cpp
 
 
 def test_this_machine_takes_the_avx512_path_where_it_has_one() -> None:

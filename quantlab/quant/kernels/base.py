@@ -15,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import AfterValidator
 from torch import nn
+from torch._ops import OpOverload
 
 from ...errors import UnsupportedError
+from ...native.ops import has_cpp_kernel
 from ...registry import UnknownNameError
 from ..tensors.base import WeightTensor
 
@@ -127,10 +129,10 @@ class DequantKernel(Kernel):
 OUT_KINDS = {torch.float32: 0, torch.bfloat16: 2}  # the dtypes the C kernels write, by their code in native/*.c
 
 
-def traced(eager: Callable, op: Callable) -> Callable:
-    """``op`` (the registered torch op) under ``torch.compile``, else the plain function (eager calls skip the
-    dispatcher's overhead, ~15 us a call)."""
-    return op if torch.compiler.is_compiling() else eager
+def traced(eager: Callable, op: OpOverload) -> Callable:
+    """``op`` (the registered torch op) under ``torch.compile`` or where its CPU kernel is C++, else the plain
+    function (an op whose kernel is Python costs the dispatcher's overhead on top, ~15 us a call)."""
+    return op if torch.compiler.is_compiling() or has_cpp_kernel(op) else eager
 
 
 class FusedRowsKernel(Kernel):

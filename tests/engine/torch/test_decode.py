@@ -44,9 +44,10 @@ def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuild
         want.decode(1)
         want_logits.append(want.logits.clone())
     reads, kernel = [], []
-    read, call = CodeStore.read, code_attention._call
+    read, scores, values = CodeStore.read, code_attention.scores_op, code_attention.values_op
     monkeypatch.setattr(CodeStore, "read", lambda self, dtype: reads.append(1) or read(self, dtype))
-    monkeypatch.setattr(code_attention, "_call", lambda *a: kernel.append(a[0]) or call(*a))
+    monkeypatch.setattr(code_attention, "scores_op", lambda *a: kernel.append("scores") or scores(*a))
+    monkeypatch.setattr(code_attention, "values_op", lambda *a: kernel.append("values") or values(*a))
     with DecodeEngine(model, kv, CPU, "eager", 16 + 6) as decode:
         gen = decode.generation()
         gen.prefill(ids)

@@ -119,6 +119,7 @@ class BitplaneCPUKernel(FusedRowsKernel):
     def __init__(self, q: QuantizedTensor | FloatZeroTensor, dtype: torch.dtype) -> None:
         super().__init__()
         library()  # build (or find) the C kernel now: a failure passes the choice on
+        native.load_ops("bitplane")  # and its ops' C++ kernels, where they build
         self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
         self.group = q.group_size or q.shape[1]
         self.float_zero = isinstance(q, FloatZeroTensor)

@@ -106,6 +106,7 @@ class Int8ActivationKernel(FusedRowsKernel):
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
         library()  # build (or find) the C kernel now: a failure passes the choice on
+        native.load_ops("int8_act")  # and its ops' C++ kernels, where they build
         self.shape, self.bits, self.group_size = q.shape, q.bits, q.group_size
         self.group = q.group_size or q.shape[1]
         codes = q.codes()

@@ -51,13 +51,15 @@ def _scales(absmax: torch.Tensor, scale2: torch.Tensor | None, offset: torch.Ten
 
 
 def lut4_matmul(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Tensor | None,
-                offset: torch.Tensor | None, codebook: str, block: int) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the codebook weight ``[out, in]``, transposed: ``[M, out]`` float32."""
+                offset: torch.Tensor | None, table: torch.Tensor, dmap: torch.Tensor, block: int) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the codebook weight ``[out, in]``, transposed: ``[M, out]`` float32; ``table``
+    the codebook's 16 values and ``dmap`` the double quantization's 256 (float32). ``lut4_ops.cpp`` is the same call
+    in C++."""
     x = x.contiguous()
     m, n_in = x.shape
     y = torch.empty(m, packed.shape[0], dtype=torch.float32)
-    library().lut4_matmul(packed.data_ptr(), *_scales(absmax, scale2, offset), _dmap().data_ptr(),
-                           _table(codebook).data_ptr(), x.data_ptr(), y.data_ptr(), m, packed.shape[0], n_in, block)
+    library().lut4_matmul(packed.data_ptr(), *_scales(absmax, scale2, offset), dmap.data_ptr(), table.data_ptr(),
+                          x.data_ptr(), y.data_ptr(), m, packed.shape[0], n_in, block)
     return y
 
 
@@ -77,7 +79,7 @@ dequantize_op = native_op("lut4_dequantize", lut4_dequantize)
 
 
 @register_fake(matmul_op)
-def _(x, packed, absmax, scale2, offset, codebook, block):
+def _(x, packed, absmax, scale2, offset, table, dmap, block):
     return x.new_empty(x.shape[0], packed.shape[0], dtype=torch.float32)
 
 
@@ -98,8 +100,10 @@ class Lut4CPUKernel(FusedRowsKernel):
     def __init__(self, q: CodebookTensor, dtype: torch.dtype) -> None:
         super().__init__()
         library()  # build (or find) the C kernel now: a failure passes the choice on
+        native.load_ops("lut4")  # and its ops' C++ kernels, where they build
         self.shape, self.codebook, self.block = q.shape, q.codebook, q.block_size
         self.bits, self.group_size = 4, q.block_size
+        self.table, self.dmap = _table(q.codebook), _dmap()  # constants shared by every weight, not buffers
         self.register_buffer("packed", q.packed.contiguous())
         self.register_buffer("absmax", q.absmax.contiguous())
         self.register_buffer("absmax_scale", None if q.absmax_scale is None else q.absmax_scale.float().contiguous())
@@ -119,7 +123,7 @@ class Lut4CPUKernel(FusedRowsKernel):
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         return traced(lut4_matmul, matmul_op)(x, self.packed, self.absmax, self.absmax_scale, self.absmax_offset,
-                                              self.codebook, self.block)
+                                              self.table, self.dmap, self.block)
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
         return traced(lut4_dequantize, dequantize_op)(self.packed, self.absmax, self.absmax_scale, self.absmax_offset,

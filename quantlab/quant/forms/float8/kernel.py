@@ -85,6 +85,7 @@ class FP8CPUKernel(FusedRowsKernel):
     def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         library()  # build (or find) the C kernel now: a failure passes the choice on
+        native.load_ops("fp8")  # and its ops' C++ kernels, where they build
         self.shape = q.shape
         self.register_buffer("data", q.data.contiguous())
         self.register_buffer("scales", q.scales.contiguous())
@@ -172,6 +173,7 @@ class FP8BlockCPUKernel(BlockedFP8Kernel):
     def __init__(self, q: Float8Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         library()  # build (or find) the C kernel now: a failure passes the choice on
+        native.load_ops("fp8")  # and its ops' C++ kernels, where they build
         self.shape, self.block, self.rows_per_scale = q.shape, q.block_size, q.block_size
         self.register_buffer("data", q.data.contiguous().view(torch.uint8))
         self.register_buffer("scales", q.scales.contiguous())

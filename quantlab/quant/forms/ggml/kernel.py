@@ -143,29 +143,30 @@ def ggml_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.
     return y
 
 
-def _q8_product(entry: Callable[..., int], x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
+def _q8_product(entry: Callable[..., int], x: torch.Tensor, blocks: torch.Tensor, ggml_id: int) -> torch.Tensor:
     """``x [M, in]`` times the weight through a C product against 8-bit activation blocks (``entry``:
     ``ggml_matmul_q8`` or ``ggml_matmul_repacked``, which share their arguments), with its scratch."""
-    t = GGML_TYPES[ggml_type]
     x = x.contiguous()
     m, n_in = x.shape
-    scratch = torch.empty(_q8_scratch_bytes(t.ggml_id, m, n_in), dtype=torch.uint8)
+    scratch = torch.empty(_q8_scratch_bytes(ggml_id, m, n_in), dtype=torch.uint8)
     y = torch.empty(m, blocks.shape[0], dtype=torch.float32)
-    entry(t.ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in, blocks.shape[1],
+    entry(ggml_id, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, blocks.shape[0], n_in, blocks.shape[1],
           scratch.data_ptr())
     return y
 
 
-def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    """``x [M, in]`` times the weight as llama.cpp's CPU backend multiplies: each row of ``x`` rounded to the type's
-    8-bit activation blocks (Q8_0, Q8_1 or Q8_K), then ggml's integer dot product per output row."""
-    return _q8_product(_library().ggml_matmul_q8, x, blocks, ggml_type)
+def ggml_matmul_q8(x: torch.Tensor, blocks: torch.Tensor, ggml_id: int) -> torch.Tensor:
+    """``x [M, in]`` times the weight (of the ggml type numbered ``ggml_id``) as llama.cpp's CPU backend multiplies:
+    each row of ``x`` rounded to the type's 8-bit activation blocks (Q8_0, Q8_1 or Q8_K), then ggml's integer dot
+    product per output row. ``ggml_ops.cpp`` is the same call in C++."""
+    return _q8_product(_library().ggml_matmul_q8, x, blocks, ggml_id)
 
 
-def ggml_matmul_repacked(x: torch.Tensor, packed: torch.Tensor, ggml_type: str) -> torch.Tensor:
+def ggml_matmul_repacked(x: torch.Tensor, packed: torch.Tensor, ggml_id: int) -> torch.Tensor:
     """``x [M, in]`` times a repacked weight as llama.cpp's repacked CPU path multiplies it: each row of ``x`` in the
-    type's 8-bit activation blocks, then ggml's GEMV over eight interleaved output rows at a time."""
-    return _q8_product(_library().ggml_matmul_repacked, x, packed, ggml_type)
+    type's 8-bit activation blocks, then ggml's GEMV over eight interleaved output rows at a time. ``ggml_ops.cpp``
+    is the same call in C++."""
+    return _q8_product(_library().ggml_matmul_repacked, x, packed, ggml_id)
 
 
 def ggml_dequantize_repacked(packed: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
@@ -193,7 +194,7 @@ matmul_repacked_op = native_op("ggml_matmul_repacked", ggml_matmul_repacked)
 dequantize_repacked_op = native_op("ggml_dequantize_repacked", ggml_dequantize_repacked)
 
 
-def _product_fake(x, blocks, ggml_type):  # type: ignore[no-untyped-def]
+def _product_fake(x, blocks, ggml_type_or_id):  # type: ignore[no-untyped-def]
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
@@ -253,9 +254,10 @@ class GGMLQ8CPUKernel(GGMLCPUKernel):
         if not dot_products_available():
             raise UnsupportedError("ggml's integer dot products are built for AVX2 with FMA and F16C; this CPU "
                                    "lacks one of them")
+        native.load_ops("ggml")  # the C++ kernels of its ops, where they build
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, self.ggml_type)
+        return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, GGML_TYPES[self.ggml_type].ggml_id)
 
 
 @KERNELS.register
@@ -281,7 +283,7 @@ class GGMLRepackCPUKernel(GGMLQ8CPUKernel):
         return GGMLBlockTensor(unpack_blocks(self.blocks, self.ggml_type, self.shape[1]), self.ggml_type, self.shape)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(ggml_matmul_repacked, matmul_repacked_op)(x, self.blocks, self.ggml_type)
+        return traced(ggml_matmul_repacked, matmul_repacked_op)(x, self.blocks, GGML_TYPES[self.ggml_type].ggml_id)
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
         return traced(ggml_dequantize_repacked, dequantize_repacked_op)(self.blocks, self.ggml_type, self.shape[1],

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from .... import native
 from ....native.ops import native_op, register_fake
 from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
 from ..codebook import kernel as lut4_kernels
@@ -36,14 +37,15 @@ def _scales(global_scale: torch.Tensor | None) -> tuple[int, int | None]:
 
 
 def e2m1_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | None,
-                block: int) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the e2m1 weight ``[out, in]``, transposed: ``[M, out]`` float32."""
+                table: torch.Tensor, e4m3: torch.Tensor, block: int) -> torch.Tensor:
+    """``x [M, in]`` (float32) times the e2m1 weight ``[out, in]``, transposed: ``[M, out]`` float32; ``table`` the 16
+    e2m1 values and ``e4m3`` the 256 e4m3 bytes' (float32). ``lut4_ops.cpp`` is the same call in C++."""
     x = x.contiguous()
     m, n_in = x.shape
     y = torch.empty(m, codes.shape[0], dtype=torch.float32)
     kind, gs = _scales(global_scale)
-    lut4_kernels.library().lut4_matmul(codes.data_ptr(), scales.data_ptr(), kind, gs, None, _e4m3().data_ptr(),
-                          _e2m1().data_ptr(), x.data_ptr(), y.data_ptr(), m, codes.shape[0], n_in, block)
+    lut4_kernels.library().lut4_matmul(codes.data_ptr(), scales.data_ptr(), kind, gs, None, e4m3.data_ptr(),
+                                       table.data_ptr(), x.data_ptr(), y.data_ptr(), m, codes.shape[0], n_in, block)
     return y
 
 
@@ -63,7 +65,7 @@ dequantize_op = native_op("e2m1_dequantize", e2m1_dequantize)
 
 
 @register_fake(matmul_op)
-def _(x, codes, scales, global_scale, block):
+def _(x, codes, scales, global_scale, table, e4m3, block):
     return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.float32)
 
 
@@ -84,7 +86,9 @@ class E2M1CPUKernel(FusedRowsKernel):
     def __init__(self, q: MXTensor | NVFP4Tensor, dtype: torch.dtype) -> None:
         super().__init__()
         lut4_kernels.library()  # build (or find) the C kernel now: a failure passes the choice on
+        native.load_ops("lut4")  # and its ops' C++ kernels (e2m1_matmul's among them), where they build
         self.shape, self.block, self._form = q.shape, q.group_size, type(q)
+        self.table, self.e4m3 = _e2m1(), _e4m3()  # constants shared by every weight, not buffers
         self.register_buffer("codes", q.codes.contiguous())
         self.register_buffer("scales", q.scales.contiguous().view(torch.uint8))
         self.register_buffer("global_scale", getattr(q, "global_scale", None))
@@ -103,7 +107,8 @@ class E2M1CPUKernel(FusedRowsKernel):
         return self.stored().layout_nbytes()
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(e2m1_matmul, matmul_op)(x, self.codes, self.scales, self.global_scale, self.block)
+        return traced(e2m1_matmul, matmul_op)(x, self.codes, self.scales, self.global_scale, self.table, self.e4m3,
+                                              self.block)
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
         return traced(e2m1_dequantize, dequantize_op)(self.codes, self.scales, self.global_scale, self.block, row0,

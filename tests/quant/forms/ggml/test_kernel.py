@@ -86,7 +86,7 @@ def test_the_8_bit_activation_product_is_llama_cpps_cpu_dot_product(kind: str) -
     theirs = llama_cpp_cpu_product(GGML_TYPES[kind].ggml_id, q.blocks.numpy(), x.numpy()[0])
     if theirs is None:
         pytest.skip("llama-cpp-python is not installed")
-    ours = ggml_matmul_q8(x, q.blocks, kind).numpy()[0]
+    ours = ggml_matmul_q8(x, q.blocks, GGML_TYPES[kind].ggml_id).numpy()[0]
     assert np.abs(ours - theirs).max() <= 1e-6 * np.abs(theirs).max()  # the same sums (Q5_K: within 1 ulp)
 
 
