@@ -57,12 +57,17 @@ def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
 @functools.cache
 def available() -> bool:
     """Whether the C kernel builds on this machine (a C compiler is found); otherwise layers keep the expression."""
+    global _BUILT
     try:
         library()
     except UnsupportedError:
         return False
     native.load_ops("kv_attention")  # the C++ kernels of its ops, where they build
+    _BUILT = True
     return True
+
+
+_BUILT = False  # set by available(): what a compiled graph reads (tracing available() would trace the build)
 
 
 def _kind(codec_bits: int | None, dtype: torch.dtype | None) -> int | None:
@@ -147,6 +152,33 @@ def _store_args(store: CodeStore) -> tuple[int, int, int, int, torch.Tensor, tor
     if kind == INT:
         return kind, codec.bits, store._group() or d, d, t["packed"], t["scales"], t["zeros"]  # type: ignore[return-value]
     return kind, 0, d, d, t["data"], t.get("scale"), None
+
+
+def reads_dense(key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the kernel reads keys and values held as floats (``[b, hkv, t, d]``, contiguous on CPU: a native
+    cache) for a decode row, through its casts: torch's bfloat16 batched matmuls cost about 30 us a call whatever
+    their size (2 cores), the kernel a few at short lengths."""
+    built = _BUILT if torch.compiler.is_compiling() else available()  # the engines call available() first
+    return (built and key.device.type == "cpu" and key.dtype in CASTS and value.dtype in CASTS and key.is_contiguous()
+            and value.is_contiguous() and max(key.shape[-1], value.shape[-1]) <= MAX_HEAD_DIM)
+
+
+def dense_scores(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """``query [b, hkv, g, 1, d]`` against every key of ``key [b, hkv, t, d]``: ``[b, hkv, g, 1, t]`` float32."""
+    b, hkv, g, _, d = query.shape
+    t = key.shape[2]
+    every = torch.full((), t, dtype=torch.int64)
+    scores = scores_op(CASTS[key.dtype], 0, d, d, key, None, None, every, query.reshape(b * hkv, g, d).float())
+    return scores.view(b, hkv, g, 1, t)
+
+
+def dense_values(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Weights ``probs [b, hkv, g, 1, t]`` over ``value [b, hkv, t, dv]``: ``[b, hkv, g, 1, dv]`` float32."""
+    b, hkv, g, _, t = probs.shape
+    dv = value.shape[-1]
+    every = torch.full((), t, dtype=torch.int64)
+    out = values_op(CASTS[value.dtype], 0, dv, dv, value, None, None, every, probs.reshape(b * hkv, g, t).float())
+    return out.view(b, hkv, g, 1, dv)
 
 
 def _head_scale(store: CodeStore, batch: int) -> torch.Tensor | float:

@@ -118,11 +118,11 @@ def load_ops(name: str) -> bool:
     try:
         return _load_ops(name, source)
     except UnsupportedError as e:
-        _OPS_FAILURES[name] = str(e)
+        OPS_FAILURES[name] = str(e)
         return False
 
 
-_OPS_FAILURES: dict[str, str] = {}  # why a library's C++ ops were not built, by name
+OPS_FAILURES: dict[str, str] = {}  # why a library's C++ ops were not built, by name
 
 
 def _load_ops(name: str, source: Path) -> bool:
@@ -143,6 +143,6 @@ def _load_ops(name: str, source: Path) -> bool:
     target = cache_dir() / f"{name}_ops-{key}.so"
     _build(target, command, f"the {name} kernel's torch ops")
     torch.ops.load_library(str(target))
-    from .ops import _CPP_KERNEL
-    _CPP_KERNEL.clear()  # ops seen before now may have gained a C++ kernel
+    from .ops import forget_cpp_kernels
+    forget_cpp_kernels()  # ops seen before now may have gained a C++ kernel
     return True

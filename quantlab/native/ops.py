@@ -47,3 +47,8 @@ def has_cpp_kernel(op: OpOverload) -> bool:
     if found is None:
         found = _CPP_KERNEL[op] = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU")
     return found
+
+
+def forget_cpp_kernels() -> None:
+    """Look again at which ops have a C++ kernel (``native.load_ops`` registered more)."""
+    _CPP_KERNEL.clear()

@@ -38,7 +38,7 @@ def cpp_ops() -> None:
     if native.cxx_compiler() is None:
         pytest.skip("no C++ compiler: the ops keep their Python kernels")
     for name in PRODUCTS:
-        assert native.load_ops(name), native._OPS_FAILURES.get(name)
+        assert native.load_ops(name), native.OPS_FAILURES.get(name)
 
 
 def _weight(out: int, n_in: int) -> torch.Tensor:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ...kv import code_attention
+
 NAME = "quantlab"
 FUSED_NAME = "quantlab-fused"  # decode rows as multiply-and-sum when compiled: for keys a cache computes
 DECODE_ROWS = 16
@@ -62,14 +64,15 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                       **kwargs)
     layer = _code_layer(module, kwargs) if q == 1 else None
     if layer is not None:
-        from ...kv.code_attention import attend
-
-        return attend(layer, query, attention_mask, scaling if scaling is not None else d ** -0.5, softcap), None
+        return code_attention.attend(layer, query, attention_mask, scaling if scaling is not None else d ** -0.5, softcap), None
     g = hq // hkv
     grouped = query.reshape(b, hkv, g, q, d)
     fused = fuse and torch.compiler.is_compiling()
+    dense = q == 1 and not fused and code_attention.reads_dense(key, value)
     if fused:
         scores = _scores_fused(grouped, key)
+    elif dense:
+        scores = code_attention.dense_scores(grouped, key)
     else:
         scores = torch.matmul(grouped.reshape(b, hkv, g * q, d), key.transpose(2, 3)).view(b, hkv, g, q, t).float()
     scores = scores * (scaling if scaling is not None else d ** -0.5)
@@ -84,6 +87,8 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     probs = torch.softmax(scores, dim=-1)
     if fused:
         out = (probs.unsqueeze(-1) * value[:, :, None, None].float()).sum(-2).to(value.dtype)
+    elif dense:
+        out = code_attention.dense_values(probs, value).to(value.dtype)
     else:
         out = torch.matmul(probs.to(value.dtype).reshape(b, hkv, g * q, t), value)
     return out.reshape(b, hq, q, d).transpose(1, 2).contiguous(), None
@@ -94,7 +99,9 @@ def fused_grouped_attention(*args: object, **kwargs: object) -> tuple[torch.Tens
 
 
 def register() -> None:
-    """Register ``quantlab`` and ``quantlab-fused`` with transformers' attention and mask interfaces (once)."""
+    """Register ``quantlab`` and ``quantlab-fused`` with transformers' attention and mask interfaces (once), and
+    build the C attention kernel a decode row reads a cache through (a compiled graph reads whether it built)."""
+    code_attention.available()
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 

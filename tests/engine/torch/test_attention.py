@@ -49,3 +49,31 @@ def test_softcapped_scores_match() -> None:
     mask = torch.ones(1, 1, 2, 10, dtype=torch.bool)
     got, _ = grouped_attention(Module(2), query, key, value, mask, scaling=0.5, softcap=5.0)
     assert torch.allclose(got, reference(query, key, value, torch.zeros(2, 10), 0.5, softcap=5.0), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+def test_a_decode_row_over_a_float_cache_is_read_by_the_c_kernel(dtype: torch.dtype, mask_kind: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One query row over keys and values held as floats (a native cache) goes through the C kernel's casts, with
+    float32 products: it equals the float32 reference on the same stored values, softcapped too."""
+    from quantlab.kv import code_attention
+
+    torch.manual_seed(2)
+    b, hq, hkv, t, d = 2, 9, 3, 37, 64  # 37 slots: off the kernel's chunks
+    query, key, value = (torch.randn(b, hq, 1, d).to(dtype), torch.randn(b, hkv, t, d).to(dtype),
+                         torch.randn(b, hkv, t, d).to(dtype))
+    visible = torch.arange(t) < 30  # the static cache's slots past the length are masked
+    mask = {"bool": visible.expand(b, 1, 1, t), "none": None,
+            "additive": torch.where(visible, 0.0, torch.finfo(torch.float32).min).expand(b, 1, 1, t)}[mask_kind]
+    add = torch.where(visible, 0.0, float("-inf")) if mask is not None else torch.zeros(t)
+    calls = []
+    scores_op = code_attention.scores_op
+    monkeypatch.setattr(code_attention, "scores_op", lambda *a: calls.append(a[0]) or scores_op(*a))
+    for softcap in (None, 5.0):
+        got, _ = grouped_attention(Module(hq // hkv), query, key, value, mask, scaling=0.125, softcap=softcap)
+        want = reference(query.float(), key.float(), value.float(), add, 0.125, softcap).to(dtype)
+        assert got.dtype == dtype
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(got.float(), want.float(), atol=tol, rtol=tol), softcap
+    assert calls == [code_attention.CASTS[dtype]] * 2
