@@ -100,8 +100,8 @@ VARIANTS: dict[str, dict[str, Any]] = {  # quantlab variant: its weight format i
     "gguf-q4_k": {"format": "gguf", "type": "Q4_K", **BF16},
     "gguf-q6_k": {"format": "gguf", "type": "Q6_K", **BF16},
     "gguf-q8_0": {"format": "gguf", "type": "Q8_0", **BF16},
-    "gguf-q4_0": {"format": "gguf", "type": "Q4_0", **BF16},
-    "gguf-iq4_nl": {"format": "gguf", "type": "IQ4_NL", **BF16},
+    "gguf-q4_0": {"format": "gguf", "recipe": "Q4_0", **BF16},  # llama.cpp's named mixes: its files' very types
+    "gguf-iq4_nl": {"format": "gguf", "recipe": "IQ4_NL", **BF16},
     "nf4": {"format": "nf4", **BF16},
     "fp4": {"format": "fp4", **BF16},
     "hqq-4": {"format": "hqq", "bits": 4, "group_size": 64, **BF16},

@@ -1,6 +1,6 @@
 """The wheel works as well as the checkout: built and installed non-editable in a fresh environment, it carries its
-C kernels (every kernel builds from the installed sources, none falls back), the shipped recipes and evals, and
-`quantlab init` writes a recipe that runs there."""
+C kernels (every kernel builds from the installed sources, none falls back, and their ops' C++ kernels build too),
+the shipped recipes and evals, and `quantlab init` writes a recipe that runs there."""
 from __future__ import annotations
 
 import os
@@ -50,6 +50,9 @@ def test_the_installed_wheel_is_not_the_checkout_and_carries_every_kernel(wheel_
     assert listing.returncode == 0, listing.stderr[-2000:]
     for kernel in C_KERNELS:
         assert f"CPU kernel: {kernel}" in listing.stdout, (kernel, listing.stdout)
+    ops = run(["python", "-c", "from quantlab import native; print([native.load_ops(n) for n in ('lut4', 'kv_attention')], "
+                "native.OPS_FAILURES)"], work, env)
+    assert ops.returncode == 0 and ops.stdout.startswith("[True, True]"), (ops.stdout, ops.stderr[-2000:])
 
 
 @pytest.mark.slow

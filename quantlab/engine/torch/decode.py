@@ -68,7 +68,9 @@ class Generation:
                          **self.extra).logits
         self.position += ids.shape[1]
         self.logits = logits[:, -1]
-        return self.logits.argmax(-1, keepdim=True)
+        # the first maximum, as argmax gives it: torch's CPU argmax over one bf16 row of 49,152 takes about 190 us
+        # on 2 cores, max with indices about 45
+        return torch.max(self.logits, -1, keepdim=True).indices
 
     def prefill(self, ids: torch.Tensor) -> float:
         if self.extra:  # the attention in effect stays for the generation: the layers are told once
