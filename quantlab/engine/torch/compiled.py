@@ -30,7 +30,7 @@ def compile_options(device: torch.device) -> dict[str, Any]:
     """What the compiled engine sets: torch.compile of the decode step over a static cache; on CUDA also
     CUDA graphs (mode reduce-overhead) and gpt-fast's inductor flags, which decide int8 speed there; on CPU
     quantlab's grouped attention (``attention.py``: fused into the graph for decode rows, SDPA for the prefill), module guards skipped, half-precision linears as fused one-row matmuls,
-    no size asserts in the graph's wrapper, and the thread count it ran with."""
+    the graph's wrapper in C++ without size asserts, and the thread count it ran with."""
     if device.type == "cuda":
         return {"mode": "reduce-overhead", "dynamic": False, "inductor": {
             "coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}}
@@ -38,9 +38,14 @@ def compile_options(device: torch.device) -> dict[str, Any]:
     # once, not inlined into the one-row matmul's loop over the weight, which would recompute it for every row.
     # size_asserts: the Python wrapper of the graph checks no sizes and strides at every step (two checks per
     # kernel's output, about 600 a step of SmolLM2-135M: 14.6 -> 12.8 ms, interleaved runs of profile_decode.py).
+    # cpp_wrapper: the graph's wrapper in C++ rather than Python, built apart from the kernels, which keeps its
+    # compile short (about 15 s more a compile on 2 cores; built with them, about 6 minutes): a GGUF Q4_K_M step
+    # of SmolLM2's shape 11-15% faster in three interleaved pairs of profile_decode.py runs (15.9 / 18.3,
+    # 16.5 / 19.4, 13.9 / 15.6 ms).
     return {"mode": "default", "dynamic": False, "attention": ATTENTION, "module_guards": "skipped",
             "half_linears": "fused_row_matmul", "threads": torch.get_num_threads(),
-            "inductor": {"fx_graph_cache": True, "realize_opcount_threshold": 4, "size_asserts": False}}
+            "inductor": {"fx_graph_cache": True, "realize_opcount_threshold": 4, "size_asserts": False,
+                         "cpp_wrapper": True, "cpp_wrapper_build_separate": True}}
 
 
 def compiled_step(model: nn.Module, device: torch.device, options: dict[str, Any] | None = None) -> Callable[..., Any]:
