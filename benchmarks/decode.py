@@ -79,6 +79,8 @@ FORMATS = {
     "gguf-q6_k": ("gguf", {"type": "Q6_K", **BF16}),
     "gguf-q8_0": ("gguf", {"type": "Q8_0", **BF16}),
     "gguf-q3_k": ("gguf", {"type": "Q3_K", **BF16}),
+    "gguf-q4_0": ("gguf", {"recipe": "Q4_0", **BF16}),  # llama.cpp's mixes of the repacked types (ggml_repack_cpu)
+    "gguf-iq4_nl": ("gguf", {"recipe": "IQ4_NL", **BF16}),
     "mxfp4": ("mxfp4", BF16),  # e2m1 codes through a table, e8m0 scales (e2m1_lut_cpu)
     "nvfp4": ("nvfp4", BF16),  # e2m1 codes, e4m3 scales over a global one (e2m1_lut_cpu)
     "mxfp8": ("mxfp8", BF16),  # e4m3 codes widened in registers, e8m0 scales (mxfp8_cpu)

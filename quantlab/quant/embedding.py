@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import UnsupportedError
 from .forms.ggml.kernel import dequantize_op, ggml_dequantize
-from .forms.ggml.tensor import GGMLBlockTensor
+from .forms.ggml.tensor import GGML_TYPES, GGMLBlockTensor
 from .kernels.base import Kernel, traced
 
 
@@ -47,8 +47,8 @@ class BlockEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.stored().blocks[ids.reshape(-1)]
-        out = traced(ggml_dequantize, dequantize_op)(rows, self.ggml_type, self.embedding_dim, 0, rows.shape[0],
-                                                     self.dtype)
+        out = traced(ggml_dequantize, dequantize_op)(rows, GGML_TYPES[self.ggml_type].ggml_id, self.embedding_dim,
+                                                     0, rows.shape[0], self.dtype)
         out = out.reshape(*ids.shape, self.embedding_dim)
         return out if self.embed_scale is None else out * self.embed_scale.to(self.dtype)
 

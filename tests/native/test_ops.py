@@ -11,6 +11,7 @@ from quantlab.kv import code_attention
 from quantlab.kv.packed import Codec
 from quantlab.kv.static import CodeStore
 from quantlab.native.ops import has_cpp_kernel
+from quantlab.quant.embedding import BlockEmbedding
 from quantlab.quant.forms.affine import bitplane, int8_act
 from quantlab.quant.forms.affine.tensor import quantize_tensor
 from quantlab.quant.forms.codebook import kernel as codebook
@@ -28,7 +29,7 @@ PRODUCTS = {  # library: its ops with a C++ kernel
     "fp8": [float8.matmul_op, float8.blocks_matmul_op],
     "bitplane": [bitplane.matmul_op],
     "int8_act": [int8_act.matmul_op],
-    "ggml": [ggml.matmul_q8_op, ggml.matmul_repacked_op],
+    "ggml": [ggml.matmul_q8_op, ggml.matmul_repacked_op, ggml.dequantize_op],  # the last: a step's embedding rows
     "kv_attention": [code_attention.scores_op, code_attention.values_op],
 }
 
@@ -87,6 +88,22 @@ def test_the_cpp_kernels_give_the_python_functions_bits(rows: int, dtype: torch.
         through_python = kernel(x)
         monkeypatch.undo()
         assert through_cpp.dtype == dtype and torch.equal(through_cpp, through_python), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpp_embedding_rows_give_the_python_functions_bits(dtype: torch.dtype,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = torch.tensor([[3, 0, 39, 3]])
+    for ggml_type, n_in in (("Q8_0", 576), ("Q4_K", 512), ("IQ4_NL", 608)):
+        table = ggml.quantize_ggml(_weight(40, n_in), ggml_type)
+        embedding = BlockEmbedding(table, dtype)
+        through_cpp = embedding(ids)
+        monkeypatch.setattr(kernels_base, "has_cpp_kernel", lambda op: False)
+        through_python = embedding(ids)
+        monkeypatch.undo()
+        expected = ggml.dequantize_blocks(table.blocks, ggml_type, n_in)[ids].to(dtype)
+        assert through_cpp.dtype == dtype and torch.equal(through_cpp, through_python), ggml_type
+        assert torch.equal(through_cpp, expected), ggml_type
 
 
 @pytest.mark.parametrize("codec", [Codec(bits=8, group_size=32), Codec(bits=4, group_size=64), Codec(dtype=torch.bfloat16),

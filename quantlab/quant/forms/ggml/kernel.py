@@ -111,14 +111,18 @@ def quantize_blocks(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | Non
 def dequantize_blocks(blocks: torch.Tensor, ggml_type: str, n_in: int, rows: slice | None = None) -> torch.Tensor:
     """The float32 weights ``[rows, in]`` of ggml blocks of a block type (ggml's dequantizer)."""
     rows = slice(None) if rows is None else rows  # a default slice breaks dynamo's graph (torch 2.11)
-    t = GGML_TYPES[ggml_type]
     start, stop, _ = rows.indices(blocks.shape[0])
+    return _dequantize_rows(blocks, GGML_TYPES[ggml_type].ggml_id, n_in, start, stop).to(blocks.device)
+
+
+def _dequantize_rows(blocks: torch.Tensor, ggml_id: int, n_in: int, start: int, stop: int) -> torch.Tensor:
+    """Rows ``[start, stop)`` of the blocks of the ggml type numbered ``ggml_id`` as float32 on the CPU."""
     source = blocks.to("cpu").contiguous()
     out = torch.empty(max(stop - start, 0), n_in, dtype=torch.float32)
     if out.numel():
-        _library().ggml_dequantize_rows(t.ggml_id, source.data_ptr(), out.data_ptr(), start, stop, n_in,
+        _library().ggml_dequantize_rows(ggml_id, source.data_ptr(), out.data_ptr(), start, stop, n_in,
                                         source.shape[1])
-    return out.to(blocks.device)
+    return out
 
 
 def quantize_ggml(x: torch.Tensor, ggml_type: str, imatrix: torch.Tensor | None = None) -> GGMLBlockTensor:
@@ -181,10 +185,11 @@ def _q8_scratch_bytes(ggml_id: int, m: int, n_in: int) -> int:
     return int(_library().ggml_q8_scratch_bytes(ggml_id, m, n_in))
 
 
-def ggml_dequantize(blocks: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
+def ggml_dequantize(blocks: torch.Tensor, ggml_id: int, n_in: int, row0: int, row1: int,
                     dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``[row0, row1)`` of the weight as ``dtype``."""
-    return dequantize_blocks(blocks, ggml_type, n_in, slice(row0, row1)).to(dtype)
+    """Rows ``[row0, row1)`` of the weight (of the ggml type numbered ``ggml_id``) as ``dtype``: prefill's row
+    blocks, and a decode step's embedding rows (``ggml_ops.cpp`` is the same call in C++)."""
+    return _dequantize_rows(blocks, ggml_id, n_in, row0, row1).to(blocks.device, dtype)
 
 
 matmul_op = native_op("ggml_matmul", ggml_matmul)
@@ -198,7 +203,7 @@ def _product_fake(x, blocks, ggml_type_or_id):  # type: ignore[no-untyped-def]
     return x.new_empty(x.shape[0], blocks.shape[0], dtype=torch.float32)
 
 
-def _rows_fake(blocks, ggml_type, n_in, row0, row1, dtype):  # type: ignore[no-untyped-def]
+def _rows_fake(blocks, ggml_type_or_id, n_in, row0, row1, dtype):  # type: ignore[no-untyped-def]
     return blocks.new_empty(row1 - row0, n_in, dtype=dtype)
 
 
@@ -236,7 +241,8 @@ class GGMLCPUKernel(FusedRowsKernel):
         return traced(ggml_matmul, matmul_op)(x, self.blocks, self.ggml_type)
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        return traced(ggml_dequantize, dequantize_op)(self.blocks, self.ggml_type, self.shape[1], row0, row1, dtype)
+        return traced(ggml_dequantize, dequantize_op)(self.blocks, GGML_TYPES[self.ggml_type].ggml_id, self.shape[1],
+                                                      row0, row1, dtype)
 
 
 @KERNELS.register
