@@ -299,9 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", metavar="I/N", default=None,
                      help="measure only shard I of N (0 <= I < N) of the variants, by a stable hash of each variant's "
                      "config: N array jobs into one shared --out cover every variant once")
-    run.add_argument("--retime", action="store_true",
-                     help="measure again the decode timing of the variants whose timing was flagged noisy (their "
-                     "quality figures and exports are kept); run it on a quiet machine")
+    run.add_argument("--retime", nargs="?", const="noisy", choices=("noisy", "all"), default=None,  # run.sweep.Retime
+                     help="measure again the decode timing of the variants measured before (their quality figures "
+                     "and exports are kept): those whose timing was flagged noisy (--retime, or --retime noisy; run "
+                     "it on a quiet machine), or all of them (--retime all: after the engine or its kernels changed)")
     run.add_argument("--add", action="store_true",
                      help="add this recipe's variants to an output folder that holds another recipe's records "
                      "(without it such a folder is refused)")

@@ -68,7 +68,7 @@ class RaySweep(Sweep):
                                     "'ray[client]'") from None
 
     def __init__(self, recipe: Any, folder: Any, sweep: int, log: Any, shard: Any, executor: Any,
-                 retime: bool = False) -> None:
+                 retime: Any = None) -> None:
         super().__init__(recipe, folder, sweep, log, shard, executor, retime)
         self.ray = require_ray()
         self.running: dict[Any, tuple[Any, Claim, Heartbeat, str]] = {}  # object ref -> (variant, claim, beat, tag)

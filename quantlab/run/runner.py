@@ -20,7 +20,7 @@ from ..records.fingerprint import describe, machine_fingerprint
 from ..records.folder import RunFolder
 from .executors import EXECUTORS
 from .recipe import ExecutorSpec, Recipe
-from .sweep import Log, Sweep
+from .sweep import Log, Retime, Sweep
 
 
 def _stderr(msg: str) -> None:
@@ -202,14 +202,15 @@ def _drop_shared_weights(out_dir: Path, log: Log) -> None:
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
                shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
-               retime: bool = False, add: bool = False) -> Path:
+               retime: Retime | bool | None = None, add: bool = False) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
     other process running into the same folder), writing a record each. Returns ``out_dir``.
 
     ``shard=(i, n)``: only the variants whose key falls in shard ``i`` of ``n`` (array jobs: ``n`` such runs,
     anywhere, into one shared folder measure every variant once; ``quantlab report`` then builds the report).
     ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray).
-    ``retime``: measure again the decode timing of records flagged noisy, keeping their other figures.
+    ``retime``: measure again the decode timing of earlier records, keeping their other figures: ``"noisy"`` (or
+    True) those flagged noisy, ``"all"`` every one (after the engine or its kernels changed).
     ``add``: the folder may hold another recipe's records; this recipe's variants are added beside them."""
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
@@ -235,7 +236,7 @@ def other_recipes(out_dir: Path, recipe: Recipe) -> list[str]:
 
 
 def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any, log: Log,
-         shard: tuple[int, int] | None, retime: bool = False, add: bool = False) -> Path:
+         shard: tuple[int, int] | None, retime: Retime | bool | None = None, add: bool = False) -> Path:
     folder = RunFolder(out_dir)
     folder.check_writable()
     folder.convert_legacy(log)

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from ..engine.bandwidth import copy_bandwidth_bytes_per_s
 from ..engine.device import resolve_device
@@ -28,6 +28,8 @@ Log = Callable[[str], None]
 
 # A variant's process: Ctrl-C (SIGINT to the terminal's whole process group) ends it at once with status 130 and no
 # traceback, from its first line on (before quantlab is imported); the run that started it says the rest.
+Retime = Literal["noisy", "all"]  # which earlier records ``--retime`` times again (the CLI's choices)
+
 WORKER = ("import os, signal, sys; signal.signal(signal.SIGINT, lambda *_: os._exit(130)); "
           "from quantlab.run.worker import main; sys.exit(main(sys.argv[1:]))")
 
@@ -92,10 +94,11 @@ class Sweep:
 
     def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
                  shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
-                 retime: bool = False) -> None:
+                 retime: Retime | bool | None = None) -> None:
         self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
         self.executor = executor
-        self.retime = retime  # measure again the decode points of records whose timing was flagged noisy
+        # measure again the decode points of earlier records: those flagged noisy, or all of them (None: none)
+        self.retime: Retime | None = "noisy" if retime is True else (retime or None)
         self.retiming: set[str] = set()
         self.fid = fingerprint_id(machine_fingerprint())
         self.claims = Claims(folder.path)
@@ -146,7 +149,7 @@ class Sweep:
                 tag = f"[{i + 1}/{len(variants)}] {variant.label}"
                 record = self.folder.read_record(variant.key)
                 why = reusable(record, self.fid, self.sweep)
-                if why and self.retime and noisy_earlier(record, self.sweep):
+                if why and self.retime and to_time_again(record, self.sweep, self.retime):
                     why = None
                     self.retiming.add(variant.key)
                 if why:
@@ -164,13 +167,14 @@ class Sweep:
                     continue
                 record = self.folder.read_record(variant.key)
                 why = reusable(record, self.fid, self.sweep)
-                if why and variant.key in self.retiming and noisy_earlier(record, self.sweep):
+                if why and variant.key in self.retiming and to_time_again(record, self.sweep, self.retime):
                     why = None
                 if why:  # finished by another process between our look and our claim
                     self.claims.release(claim)
                     self._tell_once(variant.key, f"{tag}: {why}")
                     continue
-                self.log(f"{tag}: " + ("timing again (flagged noisy)" if variant.key in self.retiming else "running"))
+                self.log(f"{tag}: " + (("timing again" + (" (flagged noisy)" if self.retime == "noisy" else ""))
+                                       if variant.key in self.retiming else "running"))
                 self.start(i, variant, claim, tag)
         finally:
             self.drain()
@@ -217,9 +221,17 @@ def _places(row: dict[str, Any], m: Measurement) -> list[dict[str, Any]]:
 
 def noisy_earlier(record: dict[str, Any] | None, sweep: int) -> bool:
     """Whether a measured record of an earlier sweep has a decode point timed on a noisy machine (``--retime``)."""
+    return to_time_again(record, sweep, "noisy")
+
+
+def to_time_again(record: dict[str, Any] | None, sweep: int, which: Retime) -> bool:
+    """Whether ``--retime which`` times a measured record of an earlier sweep again: ``noisy``, where a decode point
+    was timed on a noisy machine; ``all``, where it has decode points at all (after the engine or its kernels
+    changed). A record of this sweep is never timed twice."""
     if record is None or record.get("status") != "ok" or record.get("sweep") == sweep:
         return False
-    return any(p.get("noisy") for p in flat_row(record).get("decode_points") or [])
+    points = flat_row(record).get("decode_points") or []
+    return any(p.get("noisy") for p in points) if which == "noisy" else bool(points)
 
 
 def shard_of(variant_key: str, shards: int) -> int:

@@ -12,7 +12,7 @@ from quantlab.records.folder import RunFolder
 from quantlab.run.lifecycle import shared_weights_path
 from quantlab.run.recipe import validate_recipe
 from quantlab.run.runner import run_recipe
-from quantlab.run.sweep import Sweep, noisy_earlier
+from quantlab.run.sweep import Retime, Sweep, noisy_earlier, to_time_again
 
 WORKLOAD = {"prompt_tokens": 8, "new_tokens": 4, "warmup_runs": 0, "prefill_repeats": 1, "engine": "eager"}
 
@@ -55,6 +55,37 @@ def test_retime_measures_only_the_noisy_rows_timing_again_and_keeps_their_other_
     logs.clear()
     run_recipe(recipe, out, log=logs.append, retime=True)
     assert any("timing again" in line for line in logs) == still_noisy
+
+
+def _record(sweep: int, noisy: list[bool], status: str = "ok") -> dict:
+    points = [{"batch_size": 1, "prompt_tokens": 8, "measurements": {}, "noisy": n} for n in noisy]
+    return {"status": status, "sweep": sweep, "measurements": {}, "points": points}
+
+
+def test_retime_all_times_every_earlier_measured_row_and_noisy_only_the_flagged(monkeypatch) -> None:
+    from quantlab.run import sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "flat_row", lambda record: {"decode_points": record["points"]})
+    quiet, busy, none = _record(3, [False, False]), _record(3, [False, True]), _record(3, [])
+    assert [to_time_again(r, 4, "noisy") for r in (quiet, busy, none)] == [False, True, False]
+    assert [to_time_again(r, 4, "all") for r in (quiet, busy, none)] == [True, True, False]
+    for which in ("noisy", "all"):  # never a row of this sweep (timed once a run), a failed row or a missing one
+        assert not to_time_again(busy, 3, which) and not to_time_again(None, 4, which)
+        assert not to_time_again(_record(3, [True], "failed"), 4, which)
+    assert noisy_earlier(busy, 4) and not noisy_earlier(quiet, 4)
+
+
+def test_the_cli_s_retime_choices_are_the_sweep_s() -> None:
+    import typing
+
+    from quantlab.cli import build_parser
+
+    run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    retime = next(a for a in run._actions if a.dest == "retime")
+    assert tuple(retime.choices) == typing.get_args(Retime) and retime.const == "noisy" and retime.default is None
+    assert run.parse_args(["r.yaml", "--retime"]).retime == "noisy"
+    assert run.parse_args(["r.yaml", "--retime", "all"]).retime == "all"
+    assert run.parse_args(["r.yaml"]).retime is None
 
 
 @pytest.fixture
