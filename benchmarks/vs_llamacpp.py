@@ -126,7 +126,8 @@ CACHE_PAIRS = {"native": "f16", "int8": "q8_0", "fp8": "q8_0", "int4": "q4_0", "
                "int2-kivi": "q4_0", "nvfp4": "q4_0", "mxfp4-rot": "q4_0"}
 # --suite targets: one comparison after another (each one interleaved), the arguments of each. At 128 positions a
 # generation is 128 steps: on a small VM both engines' first 20-40 steps after a pause run up to twice as slow as
-# the rest (the host's clock ramping up; docs/benchmarks.md), so the median is the steady step's
+# the rest (most likely the host clocking the virtual CPUs up; docs/benchmarks.md), so the median is the steady
+# step's
 SUITES: dict[str, list[list[str]]] = {
     "targets": [
         ["--new-tokens", "128", "--variants", "forms", "gguf-q4_k_m", "gguf-q4_0", "gguf-iq4_nl", "--llama-recipe",

@@ -88,3 +88,24 @@ def test_each_cache_gets_a_model_of_its_own(bench):
         copies = [got[(w, kv)] for kv in ("native", "int8", "int4")]
         assert copies[0] is m and all(c == m for c in copies)
         assert len({id(c) for c in copies}) == 3
+
+
+def test_a_failed_suite_comparison_is_named_and_the_rest_still_run(bench, monkeypatch, capsys):
+    import subprocess
+
+    ran: list[list[str]] = []
+
+    def per_thread_count(argv, counts):
+        ran.append(argv)
+        if len(ran) == 1:
+            raise subprocess.CalledProcessError(1, ["vs_llamacpp.py"])
+        return []
+
+    monkeypatch.setattr(bench, "llama_cpp_available", lambda: True)
+    monkeypatch.setattr(bench, "per_thread_count", per_thread_count)
+    monkeypatch.setattr(bench, "print_summary", lambda results: None)
+    assert bench.main(["--suite", "targets"]) == 1
+    assert len(ran) == len(bench.SUITES["targets"])
+    out = capsys.readouterr().out
+    first = " ".join(bench.SUITES["targets"][0])
+    assert f"failed: vs_llamacpp.py {first} (exit status 1)" in out and out.count("failed:") == 1
