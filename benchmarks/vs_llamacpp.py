@@ -329,18 +329,17 @@ def run(args: argparse.Namespace, threads_wanted: int | None) -> int:
 
     from quantlab import quantize_
     from quantlab.models import ModelSpec, load_model, package_model_folder
-    from quantlab.paths import package_folder
     from quantlab.quant.format import build_format
 
     if threads_wanted:
         torch.set_num_threads(threads_wanted)
     args.variants = [v for name in args.variants for v in (FORMS_VARIANTS if name == "forms" else [name])]
     model = MODELS[args.model]
-    folder = package_folder(model.package)
+    folder = package_model_folder(model.package, model.gguf)  # Gemma's: the file assembled from its pieces
     if folder is None:
         print(f"{model.label} is not installed: {model.install}")
         return 0
-    source = package_model_folder(model.package, model.gguf) / model.gguf  # Gemma's: assembled from its pieces
+    source = folder / model.gguf
     threads, cpu = torch.get_num_threads(), torch.device("cpu")
     loaded = load_model(ModelSpec(package=model.package, gguf_file=model.gguf, dtype="bfloat16"))
     files = {r: llama_cpp_quantized(loaded.model, source, r) for r in args.llama_recipe} if args.llama_recipe \

@@ -26,6 +26,7 @@ class BlockEmbedding(nn.Module):
             raise ValueError("a BlockEmbedding owns its table or reads a tied head's, not both")
         stored = table if table is not None else head.stored()  # type: ignore[union-attr]
         self.ggml_type, (self.num_embeddings, self.embedding_dim) = stored.ggml_type, stored.shape
+        self.ggml_id = GGML_TYPES[stored.ggml_type].ggml_id
         self.dtype = dtype
         self.__dict__["head"] = head  # not a submodule: the head's module owns (and counts) the blocks
         self.register_buffer("blocks", None if table is None else table.blocks.contiguous())
@@ -47,8 +48,8 @@ class BlockEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.stored().blocks[ids.reshape(-1)]
-        out = traced(ggml_dequantize, dequantize_op)(rows, GGML_TYPES[self.ggml_type].ggml_id, self.embedding_dim,
-                                                     0, rows.shape[0], self.dtype)
+        out = traced(ggml_dequantize, dequantize_op)(rows, self.ggml_id, self.embedding_dim, 0, rows.shape[0],
+                                                     self.dtype)
         out = out.reshape(*ids.shape, self.embedding_dim)
         return out if self.embed_scale is None else out * self.embed_scale.to(self.dtype)
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import QuantlabError, first_line
 from ..records.claims import Claim, Heartbeat
 from ..records.fingerprint import fingerprint_id
-from .sweep import Sweep
+from .sweep import Retime, Sweep
 from .variant import failed_record, finish_record, measure_variant_safely
 
 
@@ -68,7 +68,7 @@ class RaySweep(Sweep):
                                     "'ray[client]'") from None
 
     def __init__(self, recipe: Any, folder: Any, sweep: int, log: Any, shard: Any, executor: Any,
-                 retime: Any = None) -> None:
+                 retime: Retime | bool | None = None) -> None:
         super().__init__(recipe, folder, sweep, log, shard, executor, retime)
         self.ray = require_ray()
         self.running: dict[Any, tuple[Any, Claim, Heartbeat, str]] = {}  # object ref -> (variant, claim, beat, tag)

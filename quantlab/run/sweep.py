@@ -173,8 +173,8 @@ class Sweep:
                     self.claims.release(claim)
                     self._tell_once(variant.key, f"{tag}: {why}")
                     continue
-                self.log(f"{tag}: " + (("timing again" + (" (flagged noisy)" if self.retime == "noisy" else ""))
-                                       if variant.key in self.retiming else "running"))
+                again = "timing again (flagged noisy)" if self.retime == "noisy" else "timing again"
+                self.log(f"{tag}: " + (again if variant.key in self.retiming else "running"))
                 self.start(i, variant, claim, tag)
         finally:
             self.drain()

@@ -229,6 +229,7 @@ class GGMLCPUKernel(FusedRowsKernel):
         super().__init__()
         _library()  # build (or find) the C code now: a failure passes the choice on
         self.shape, self.ggml_type = q.shape, q.ggml_type
+        self.ggml_id = GGML_TYPES[q.ggml_type].ggml_id  # the C code's number for the type, as the ops take it
         self.register_buffer("blocks", q.blocks.contiguous())
 
     def analytic_nbytes(self) -> int:
@@ -241,8 +242,7 @@ class GGMLCPUKernel(FusedRowsKernel):
         return traced(ggml_matmul, matmul_op)(x, self.blocks, self.ggml_type)
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
-        return traced(ggml_dequantize, dequantize_op)(self.blocks, GGML_TYPES[self.ggml_type].ggml_id, self.shape[1],
-                                                      row0, row1, dtype)
+        return traced(ggml_dequantize, dequantize_op)(self.blocks, self.ggml_id, self.shape[1], row0, row1, dtype)
 
 
 @KERNELS.register
@@ -263,7 +263,7 @@ class GGMLQ8CPUKernel(GGMLCPUKernel):
         native.load_ops("ggml")  # the C++ kernels of its ops, where they build
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, GGML_TYPES[self.ggml_type].ggml_id)
+        return traced(ggml_matmul_q8, matmul_q8_op)(x, self.blocks, self.ggml_id)
 
 
 @KERNELS.register
@@ -289,7 +289,7 @@ class GGMLRepackCPUKernel(GGMLQ8CPUKernel):
         return GGMLBlockTensor(unpack_blocks(self.blocks, self.ggml_type, self.shape[1]), self.ggml_type, self.shape)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        return traced(ggml_matmul_repacked, matmul_repacked_op)(x, self.blocks, GGML_TYPES[self.ggml_type].ggml_id)
+        return traced(ggml_matmul_repacked, matmul_repacked_op)(x, self.blocks, self.ggml_id)
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
         return traced(ggml_dequantize_repacked, dequantize_repacked_op)(self.blocks, self.ggml_type, self.shape[1],
