@@ -10,6 +10,8 @@
    codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), float zero points
    in code units stored like the scales (zero_row_bytes -1: HQQ's form), or absent (NULL: every zero is sym_zero).
    With AVX-512 a block's 32 codes become floats 16 to a register. Compiled at first use with the machine's C compiler. */
+#include <stdlib.h>
+
 #include "common.h"
 
 
@@ -144,6 +146,99 @@ static void rows_avx2(const uint8_t* w, const void* scales, int scale_kind, cons
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && defined(__AVX512BF16__)
+#define BITPLANE_BF16 1
+/* The multishift control that puts the bits of codes first .. first + 31 from two-bit plane p at bits
+   at, at + 1 of 32 16-bit lanes: lane j's low byte takes the plane word's bits from 8t + 2i (code 8i + t),
+   less at, wrapping (the bits below land at the byte's bottom and are masked off). */
+static inline __m512i plane_ctrl16(int at) {
+    uint8_t c[64];
+    for (int j = 0; j < 32; j++) {
+        c[2 * j] = (uint8_t)((8 * (j & 7) + 2 * (j >> 3) - at) & 63);
+        c[2 * j + 1] = 0;
+    }
+    return _mm512_loadu_si512(c);
+}
+
+/* The 32 codes of a block (bits < 8) as bfloat16 values 1 + code / 2^bits, one per 16-bit lane in order: the
+   code at mantissa bits 7 - bits .. 6 of 0x3F80 (1.0), exactly. Each two-bit plane's word is broadcast and its
+   bits put in place for every lane by one multishift (ctrl[p]: plane_ctrl16(7 - bits + 2p)); the one-bit plane's
+   32 bits are a mask register. */
+static inline __attribute__((always_inline)) __m512i block_bf16(const uint8_t* blk, int bits, const __m512i* ctrl) {
+    const int low = 7 - bits;  /* where the code's bit 0 goes */
+    __m512i v = _mm512_set1_epi16(0x3F80);
+    int n2 = bits >> 1;
+    for (int p = 0; p < n2; p++) {
+        int64_t word; memcpy(&word, blk + 8 * p, 8);
+        __m512i m = _mm512_multishift_epi64_epi8(ctrl[p], _mm512_set1_epi64(word));
+        v = _mm512_ternarylogic_epi32(v, m, _mm512_set1_epi16((short)(3 << (low + 2 * p))), 0xF8);  /* v | (m & keep) */
+    }
+    if (bits & 1) {
+        uint32_t top; memcpy(&top, blk + 8 * n2, 4);
+        v = _mm512_mask_add_epi16(v, (__mmask32)top, v, _mm512_set1_epi16((short)(1 << (low + 2 * n2))));  /* that bit is 0: add is or */
+    }
+    return v;
+}
+
+/* Output row n for R rows of x (bfloat16 [R, K]) through bfloat16 dot products: per block, the codes as
+   1 + code / 2^bits (exact) times the activations in pairs (vdpbf16ps: exact products, float32 sums), two blocks'
+   chains in flight; per group, sum(code x) = 2^bits (that sum - sum(x)), so the group adds
+   scale 2^bits (its sum) and the offset takes scale (2^bits + zero) sum(x). */
+static inline __attribute__((always_inline)) void row_bf16(
+        const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
+        const uint16_t* xb16, const float* xsum, float* y, int n, int R, int N, int K, int bits, int group,
+        const __m512i* ctrl) {
+    int n_groups = (K + group - 1) / group, block_bytes = 4 * bits;
+    const float unit = (float)(1 << bits);
+    const uint8_t* row = w + (size_t)n * (K / 32) * block_bytes;
+    __m512 total[4];
+    float offset[4] = {0, 0, 0, 0};
+    for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
+    for (int g = 0; g < n_groups; g++) {
+        __m512 acc[4][2];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        int b = g * group / 32, b1 = group_end(g, group, K) / 32;
+        for (; b + 2 <= b1; b += 2) {
+            __m512i c0 = block_bf16(row + (size_t)b * block_bytes, bits, ctrl);
+            __m512i c1 = block_bf16(row + (size_t)(b + 1) * block_bytes, bits, ctrl);
+            for (int r = 0; r < R; r++) {
+                const uint16_t* xr = xb16 + (size_t)r * K + b * 32;
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)c0, (__m512bh)_mm512_loadu_si512(xr));
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)c1, (__m512bh)_mm512_loadu_si512(xr + 32));
+            }
+        }
+        if (b < b1) {
+            __m512i c0 = block_bf16(row + (size_t)b * block_bytes, bits, ctrl);
+            for (int r = 0; r < R; r++)
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)c0, (__m512bh)_mm512_loadu_si512(xb16 + (size_t)r * K + b * 32));
+        }
+        size_t gi = (size_t)n * n_groups + g;
+        float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
+        __m512 vs = _mm512_set1_ps(s * unit);
+        for (int r = 0; r < R; r++) {
+            total[r] = _mm512_fmadd_ps(vs, _mm512_add_ps(acc[r][0], acc[r][1]), total[r]);
+            offset[r] += s * (unit + z) * xsum[r * n_groups + g];
+        }
+    }
+    for (int r = 0; r < R; r++) y[(size_t)r * N + n] = _mm512_reduce_add_ps(total[r]) - offset[r];
+}
+
+static void rows_bf16(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes,
+                      int sym_zero, const uint16_t* xb16, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
+    __m512i ctrl[3];
+    for (int p = 0; p < bits / 2; p++) ctrl[p] = plane_ctrl16(7 - bits + 2 * p);
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+#define CALL(RR, B) row_bf16(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xb16, xsum, y, n, RR, N, K, B, group, ctrl)
+#define ROWS(RR) do { switch (bits) { case 1: CALL(RR, 1); break; case 2: CALL(RR, 2); break; case 3: CALL(RR, 3); break; \
+            case 4: CALL(RR, 4); break; case 5: CALL(RR, 5); break; case 6: CALL(RR, 6); break; default: CALL(RR, 7); } } while (0)
+        WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
+#undef CALL
+    }
+}
+#endif
+
 /* Portable form of the same product, for CPUs without AVX2. */
 static void rows_scalar(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
                         const float* x, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
@@ -175,6 +270,13 @@ void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const
                      const float* x, float* y, int M, int N, int K, int bits, int group) {
     int n_groups = (K + group - 1) / group;
     float xsum[4 * n_groups];
+#ifdef BITPLANE_BF16
+    /* codes below 8 bits and activations that are all bfloat16 (a bf16 model's): bfloat16 dot products */
+    uint16_t* xb16 = bits < 8 && all_bf16(x, (size_t)M * K) ? malloc((size_t)M * K * sizeof(uint16_t)) : NULL;
+    if (xb16) {
+        for (size_t i = 0; i < (size_t)M * K; i++) { uint32_t u; memcpy(&u, x + i, 4); xb16[i] = (uint16_t)(u >> 16); }
+    }
+#endif
     for (int m0 = 0; m0 < M; m0 += 4) {
         int R = M - m0 < 4 ? M - m0 : 4;
         const float* xr = x + (size_t)m0 * K;
@@ -185,12 +287,22 @@ void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const
                 xsum[r * n_groups + g] = s;
             }
         float* yr = y + (size_t)m0 * N;
+#ifdef BITPLANE_BF16
+        if (xb16) {
+            rows_bf16(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xb16 + (size_t)m0 * K, xsum, yr, R, N, K,
+                      bits, group);
+            continue;
+        }
+#endif
 #ifdef __AVX2__
         rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
 #else
         rows_scalar(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
 #endif
     }
+#ifdef BITPLANE_BF16
+    free(xb16);
+#endif
 }
 
 #ifdef __AVX2__

@@ -49,6 +49,14 @@ static inline float e8m0_to_float(uint8_t e) {
     return f;
 }
 
+/* Whether every value is a bfloat16 (its low 16 bits zero): a bf16 model's activations, which the kernels' bfloat16
+   dot products (AVX512-BF16) then multiply exactly. */
+static inline int all_bf16(const float* v, size_t n) {
+    uint32_t low = 0, u;
+    for (size_t i = 0; i < n; i++) { memcpy(&u, v + i, 4); low |= u; }
+    return (low & 0xFFFF) == 0;
+}
+
 /* CALL(R) with R a compile-time constant 1-4 (the rows of x in one group), so a kernel's row loops unroll. */
 #define WITH_CONSTANT_ROWS(R, CALL) do { switch (R) { \
     case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; default: CALL(4); } } while (0)

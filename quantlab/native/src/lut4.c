@@ -12,7 +12,10 @@
    split out of their nibbles and looked up in the table in registers, never written out. With AVX-512 the whole
    table sits in one register: a 16-byte load widened to 16 lanes gives the low nibbles' codes as they are and the
    high nibbles' after one shift, each looked up with one permute (vpermps reads an index's low 4 bits), against
-   the activations split once per call into the even and odd positions of every 32. Compiled at first use with the
+   the activations split once per call into the even and odd positions of every 32. Where the table's values and the
+   activations are all bfloat16 (the microscaling forms' e2m1 codes times a bf16 model's activations) and the CPU
+   has AVX512-BF16, microscaling rows take row_bf16 instead: 128 codes a turn looked up as bfloat16 and multiplied in
+   pairs by vdpbf16ps, each block's scale applied once to its lanes' sums. Compiled at first use with the
    machine's C compiler. */
 #include <stdlib.h>
 
@@ -174,6 +177,111 @@ static inline __attribute__((always_inline)) void row_avx512(int n,
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+/* x [R, K] as bfloat16 in the order row_bf16 reads it: each 128 values as four runs of 32, x[4w + j] at position
+   w of run j (the codes of 64 bytes as four nibble shifts of their 32 words pick them); K up to Kp with zeros. */
+static void arrange_bf16(const float* x, uint16_t* xs, int R, int K, int Kp) {
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < Kp; c += 128)
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 32; i++) {
+                    int k = c + 4 * i + j;
+                    uint32_t u = 0;
+                    if (k < K) memcpy(&u, x + (size_t)r * K + k, 4);
+                    xs[(size_t)r * Kp + c + 32 * j + i] = (uint16_t)(u >> 16);
+                }
+}
+
+/* Output row n for R rows of x, microscaling blocks (16 or 32 codes) with a table of bfloat16 values: 128 codes
+   (64 bytes) a turn, looked up as bfloat16 16 bits at a time (vpermw reads an index's low 5 bits, so the table
+   is held twice and a nibble's neighbour bit does not matter) and multiplied with the activations in pairs
+   (vdpbf16ps: exact products, float32 sums); float32 lane i then holds codes 8i .. 8i + 7, all of one block, and
+   takes its block's scale once. */
+static inline __attribute__((always_inline)) void row_bf16(int n,
+        const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset, const float* dmap,
+        __m512i table, const uint16_t* xs, float* y, int R, int N, int K, int Kp, int block) {
+    const uint8_t* row = w + (size_t)n * (K / 2);
+    int per_row = K / block;
+    size_t b0 = (size_t)n * per_row;
+    const __m512i spread = block == 32 ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+                                       : _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const int per_turn = 128 / block;  /* scales a turn: 4 (MX) or 8 (NVFP4) */
+    float sc[per_row + 8];  /* other kinds' scales, decoded first; a last short turn's missing blocks read 0 */
+    if (kind != SCALE_E8M0 && kind != SCALE_E4M3) {
+        for (int i = 0; i < per_row; i++) sc[i] = block_scale(absmax, kind, scale2, offset, dmap, b0 + i);
+        for (int i = per_row; i < per_row + 8; i++) sc[i] = 0;
+    }
+    __m512 total[4];
+    for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
+    for (int c = 0; c < Kp; c += 128) {
+        int whole = c + 128 <= K;
+        __m512i raw = whole ? _mm512_loadu_si512(row + c / 2)
+                            : _mm512_maskz_loadu_epi8((((__mmask64)1) << ((K - c) / 2)) - 1, row + c / 2);
+        __m512i q0 = _mm512_permutexvar_epi16(raw, table);
+        __m512i q1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(raw, 4), table);
+        __m512i q2 = _mm512_permutexvar_epi16(_mm512_srli_epi16(raw, 8), table);
+        __m512i q3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(raw, 12), table);
+        /* the turn's scales; past the row's last block the bytes read as 0 (their lanes' sums are 0 too) */
+        const uint8_t* sb = (const uint8_t*)absmax + b0 + c / block;
+        __mmask16 present = whole ? (__mmask16)((1u << per_turn) - 1) : (__mmask16)((1u << ((K - c) / block)) - 1);
+        __m256 s8;
+        if (kind == SCALE_E4M3) {  /* e4m3 bytes widened (x 2^-8); the global scale is divided out at the end */
+            __m128i b = _mm_cvtepu8_epi16(_mm_maskz_loadu_epi8(present, sb));
+            s8 = _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                                              _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8)));
+        } else if (kind == SCALE_E8M0) {  /* 2^(e - 127): the byte as a float's exponent; 0 is 2^-127, a subnormal */
+            __m256i e = _mm256_cvtepu8_epi32(_mm_maskz_loadu_epi8(present, sb));
+            __m256i bits = _mm256_slli_epi32(e, 23);
+            __m256i zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+            s8 = _mm256_castsi256_ps(_mm256_blendv_epi8(bits, _mm256_set1_epi32(1 << 22), zero));
+        } else {
+            s8 = _mm256_loadu_ps(sc + c / block);
+        }
+        __m512 s = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(s8));
+        for (int r = 0; r < R; r++) {
+            const uint16_t* xb = xs + (size_t)r * Kp + c;
+            __m512 p0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)q0, (__m512bh)_mm512_loadu_si512(xb));
+            __m512 p1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)q2, (__m512bh)_mm512_loadu_si512(xb + 64));
+            p0 = _mm512_dpbf16_ps(p0, (__m512bh)q1, (__m512bh)_mm512_loadu_si512(xb + 32));
+            p1 = _mm512_dpbf16_ps(p1, (__m512bh)q3, (__m512bh)_mm512_loadu_si512(xb + 96));
+            total[r] = _mm512_fmadd_ps(s, _mm512_add_ps(p0, p1), total[r]);
+        }
+    }
+    float unit = kind == SCALE_E4M3 ? 256.0f : 1.0f;
+    for (int r = 0; r < R; r++) {
+        float v = _mm512_reduce_add_ps(total[r]) * unit;
+        y[(size_t)r * N + n] = kind == SCALE_E4M3 ? v / scale2[0] : v;
+    }
+}
+
+/* lut4_matmul through row_bf16 where it applies (microscaling blocks, a table and activations all bfloat16);
+   returns 0 where it does not, having done nothing. */
+static int matmul_bf16(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
+                       const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
+    if ((block != 16 && block != 32) || !all_bf16(lut, 16) || !all_bf16(x, (size_t)M * K)) return 0;
+    int Kp = (K + 127) / 128 * 128;
+    uint16_t* xs = malloc((size_t)M * Kp * sizeof(uint16_t));
+    if (!xs) return 0;
+    arrange_bf16(x, xs, M, K, Kp);
+    uint16_t t[32];
+    for (int i = 0; i < 32; i++) { uint32_t u; memcpy(&u, lut + (i & 15), 4); t[i] = (uint16_t)(u >> 16); }
+    const __m512i table = _mm512_loadu_si512(t);
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        int R = M - m0 < 4 ? M - m0 : 4;
+        const uint16_t* xr = xs + (size_t)m0 * Kp;
+        float* yr = y + (size_t)m0 * N;
+        #pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++) {
+#define ROWS(C) row_bf16(n, w, absmax, kind, scale2, offset, dmap, table, xr, yr, C, N, K, Kp, block)
+            WITH_CONSTANT_ROWS(R, ROWS);
+#undef ROWS
+        }
+    }
+    free(xs);
+    return 1;
+}
+#endif
+
 static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                         const float* dmap, const float* lut, const float* x, float* y, int R, int N, int K, int block) {
     int per_row = K / block;
@@ -198,6 +306,9 @@ static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const fl
 /* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
 void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                  const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+    if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, y, M, N, K, block)) return;
+#endif
 #ifdef __AVX512F__
     float* xs = malloc((size_t)M * K * sizeof(float));
     if (xs) {

@@ -4,7 +4,9 @@ torch has CPU kernels for 4- and 8-bit weights only; other widths (and 4-bit wit
 groups) would otherwise unpack and dequantize the whole weight for every matmul. Here the codes are re-laid at
 quantization time into bit planes (``native/bitplane.c``: 32 codes per block of ``4 * bits`` bytes, the same
 bytes as the packed format), and a decode step's few rows of activations are multiplied by them directly: the
-codes are decoded in registers, a group at a time, and never written out. Longer inputs (prefill, perplexity
+codes are decoded in registers, a group at a time, and never written out (with a bf16 model's activations, every
+value a bfloat16, and AVX512-BF16 with VBMI: as the bfloat16 values 1 + code / 2^bits, exact, in bfloat16 dot
+products, the 1s taken out again with the group's sum of the activations). Longer inputs (prefill, perplexity
 windows) dequantize a block of rows at a time in C and use the dense matmul, which is faster once the weight
 is reused by enough rows. Both are registered torch ops, so the path also runs inside ``torch.compile``.
 """

@@ -1,6 +1,8 @@
 """The microscaling forms on CPU. The e2m1 forms (MXFP4, NVFP4): their codes multiplied as stored through the 16 e2m1 values in registers,
 each block's scale decoded in the kernel (an e8m0 exponent byte, or an e4m3 byte over the global scale), so the
-bytes held and read are the form's (``native/lut4.c``, shared with the 4-bit codebooks). Decode steps' few rows go
+bytes held and read are the form's (``native/lut4.c``, shared with the 4-bit codebooks). With a bf16 model's
+activations (every value a bfloat16) and AVX512-BF16, a decode row's product is bfloat16 dot products: e2m1's
+values are bfloat16 too, so the products are exact and only the float32 sums round. Decode steps' few rows go
 through the fused product; longer inputs dequantize a block of rows at a time for the dense matmul. Both are torch
 ops, so the path runs inside ``torch.compile``. MXFP8: the fp8 kernels' blocked e4m3 path (codes widened in
 registers, each block of 32 scaled by its e8m0 exponent; ``native/fp8.c``), which block FP8 takes too."""

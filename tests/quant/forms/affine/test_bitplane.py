@@ -54,6 +54,19 @@ def test_matmul_agrees_with_the_dequantized_reference(bits, group_size, symmetri
     assert rel_error(kernel.dequantize(), q.dequantize()) < 1e-6
 
 
+@pytest.mark.parametrize("bits,group_size,symmetric", [
+    (3, 128, False), (2, 64, False), (3, 32, True), (5, None, False), (4, 128, False), (1, 64, False), (7, 64, False),
+])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13])
+def test_bfloat16_activations_agree_within_float32_rounding(bits, group_size, symmetric, rows) -> None:
+    # a bf16 model's activations are all bfloat16: the kernel multiplies them with the codes in bfloat16 dot
+    # products where the CPU has them (exact products, float32 sums), and the result is float32's
+    q = quantize_tensor(_weight(), bits, group_size, symmetric)
+    x = _x(rows=rows).bfloat16().float()
+    y = BitplaneCPUKernel(q, torch.bfloat16).fused(x).double()
+    assert rel_error(y, x.double() @ q.dequantize().double().T) < 1e-5
+
+
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_every_scale_dtype_is_read_as_stored(scale_dtype: torch.dtype) -> None:
     q = quantize_tensor(_weight(), 3, 64, scale_dtype=scale_dtype)

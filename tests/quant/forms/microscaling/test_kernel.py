@@ -59,3 +59,19 @@ def test_the_kernel_runs_inside_torch_compile() -> None:
     x = torch.randn(1, 128)
     compiled = torch.compile(kernel, fullgraph=True)
     assert torch.allclose(compiled(x), kernel(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("n_in", [32, 96, 320, 576, 2048])  # whole turns of 128 codes and every tail
+def test_bfloat16_activations_multiply_within_float32_rounding(form: str, rows: int, n_in: int) -> None:
+    # a bf16 model's activations and e2m1's table are all bfloat16: the bf16 dot products (where the CPU has them)
+    # multiply exactly, and only the float32 sums round
+    g = torch.Generator().manual_seed(rows * 7 + n_in)
+    q = FORMS[form](torch.randn(40, n_in, generator=g) * torch.logspace(-2, 0, n_in))
+    kernel = E2M1CPUKernel(q, torch.bfloat16)
+    x = torch.randn(rows, n_in, generator=g).bfloat16().float()
+    y = kernel.fused(x).double()
+    w = q.dequantize().double()
+    ref, magnitude = x.double() @ w.T, x.double().abs() @ w.abs().T
+    assert ((y - ref).abs() <= magnitude * 2 ** -24 * (n_in / 4 + 8)).all()
