@@ -20,7 +20,10 @@
    decoding each row once and never writing a dequantized history. With AVX-512 the common layouts (integers of
    8, 4 and 2 bits, the float casts, e4m3) are decoded 16 channels to a register and used there: the scores four
    rows at a time, the weighted values with a chunk of channels' accumulators held in registers over all the rows;
-   the block forms go through a scratch row; without AVX-512, 8 channels at a time with AVX2. Work is split
+   the block forms go through a scratch row; without AVX-512, 8 channels at a time with AVX2. Integer rows with one
+   scale and zero point for the whole row (a group as wide as the head) skip the per-chunk affine: the scores take
+   the codes as they are and apply s (q . c) - z s sum(q) to each row's sum, and the values weight the codes by
+   p s and add sum(p z s) to every channel once. Work is split
    into chunks of CHUNK slots per head; kv_values reduces the chunks' partial sums in a fixed order, so its
    result does not depend on the thread count. Compiled at first use with the machine's C compiler. */
 #include "common.h"
@@ -452,6 +455,16 @@ static inline __attribute__((always_inline)) __m512 chunk16(const Store* st, con
 static inline __attribute__((always_inline)) void scores512(const Store* st, const int layout, int bh, int s0, int s1,
                                                             const float* q, const int G, float* out, int S) {
     const int D = st->D, scaled = layout / 16 == INT;
+    /* one scale and zero point a row: q . (c s - z s) = s (q . c) - z s sum(q), so the codes go to the products
+       as they are and each row's affine is applied once to its sums */
+    const int whole = layout >= 0 && scaled && st->group >= D;
+    float qsum[8];
+    if (whole)
+        for (int g = 0; g < G; g++) {
+            __m512 t = _mm512_setzero_ps();
+            for (int i = 0; i < D; i += 16) t = _mm512_add_ps(t, _mm512_loadu_ps(q + (size_t)g * D + i));
+            qsum[g] = _mm512_reduce_add_ps(t);
+        }
     float rows[4][MAX_D] __attribute__((aligned(64)));
     for (int s = s0; s < s1; s += 4) {
         const int m = s1 - s < 4 ? s1 - s : 4;
@@ -467,6 +480,7 @@ static inline __attribute__((always_inline)) void scores512(const Store* st, con
             __m512 x[4];
             for (int r = 0; r < 4; r++) {
                 if (layout < 0) { x[r] = _mm512_load_ps(rows[r] + i); continue; }
+                if (whole) { x[r] = int_codes16(st->data + rr[r] * st->row_bytes, i, layout % 16); continue; }
                 if (i == 0 || (scaled && i % st->group == 0))
                     a[r] = affine16(st, layout, rr[r], i);
                 x[r] = chunk16(st, layout, rr[r], i, a[r]);
@@ -476,10 +490,16 @@ static inline __attribute__((always_inline)) void scores512(const Store* st, con
                 for (int r = 0; r < 4; r++) acc[r][g] = _mm512_fmadd_ps(qg, x[r], acc[r][g]);
             }
         }
+        float sc[4], off[4];
+        if (whole)
+            for (int r = 0; r < 4; r++) {
+                sc[r] = half_to_float(st->scales[rr[r] * st->groups]);
+                off[r] = -(float)code_at(st->zeros + rr[r] * st->zero_bytes, 0, layout % 16) * sc[r];
+            }
         for (int g = 0; g < G; g++) {
             float t[4];
             _mm_storeu_ps(t, reduce4(acc[0][g], acc[1][g], acc[2][g], acc[3][g]));
-            for (int r = 0; r < m; r++) out[(size_t)g * S + s + r] = t[r];
+            for (int r = 0; r < m; r++) out[(size_t)g * S + s + r] = whole ? sc[r] * t[r] + off[r] * qsum[g] : t[r];
         }
     }
 }
@@ -493,6 +513,10 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
     if (layout >= 0) {
         const int NC = G <= 4 ? 4 : 2;  /* G x NC <= 16 accumulators */
         const int scaled = layout / 16 == INT;
+        /* one scale and zero point a row: p (c s - z s) = (p s) c - p z s, so the codes go to the multiply-adds as
+           they are, weighted by p s, and sum(p z s) is added to every channel once */
+        const int whole = layout >= 0 && scaled && st->group >= D;
+        float bias[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int c0 = 0; c0 < D; c0 += 16 * NC) {
             const int nc = (D - c0) / 16 < NC ? (D - c0) / 16 : NC;
             __m512 a[8][4];
@@ -501,6 +525,21 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
             for (int s = s0; s < s1; s++) {
                 const size_t rr = (size_t)bh * st->S + s;
                 __m512 w[8];
+                if (whole) {
+                    float sc = half_to_float(st->scales[rr * st->groups]);
+                    float off = -(float)code_at(st->zeros + rr * st->zero_bytes, 0, layout % 16) * sc;
+                    for (int g = 0; g < G; g++) {
+                        float pg = p[(size_t)g * S + s];
+                        w[g] = _mm512_set1_ps(pg * sc);
+                        if (c0 == 0) bias[g] += pg * off;
+                    }
+                    const uint8_t* row = st->data + rr * st->row_bytes;
+                    for (int c = 0; c < nc; c++) {
+                        __m512 x = int_codes16(row, c0 + 16 * c, layout % 16);
+                        for (int g = 0; g < G; g++) a[g][c] = _mm512_fmadd_ps(x, w[g], a[g][c]);
+                    }
+                    continue;
+                }
                 for (int g = 0; g < G; g++) w[g] = _mm512_set1_ps(p[(size_t)g * S + s]);
                 Affine af = affine16(st, layout, rr, c0);
                 for (int c = 0; c < nc; c++) {
@@ -512,6 +551,12 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
             for (int g = 0; g < G; g++)
                 for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + (size_t)g * D + c0 + 16 * c, a[g][c]);
         }
+        if (whole)
+            for (int g = 0; g < G; g++) {
+                __m512 b = _mm512_set1_ps(bias[g]);
+                for (int i = 0; i < D; i += 16)
+                    _mm512_storeu_ps(acc + (size_t)g * D + i, _mm512_add_ps(_mm512_loadu_ps(acc + (size_t)g * D + i), b));
+            }
         return;
     }
     float rows[4][MAX_D] __attribute__((aligned(64)));
