@@ -177,7 +177,7 @@ static inline __attribute__((always_inline)) void row_avx512(int n,
 }
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
 /* x [R, K] as bfloat16 in the order row_bf16 reads it: each 128 values as four runs of 32, x[4w + j] at position
    w of run j (the codes of 64 bytes as four nibble shifts of their 32 words pick them); K up to Kp with zeros. */
 static void arrange_bf16(const float* x, uint16_t* xs, int R, int K, int Kp) {
@@ -306,7 +306,7 @@ static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const fl
 /* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
 void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                  const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
     if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, y, M, N, K, block)) return;
 #endif
 #ifdef __AVX512F__
