@@ -274,7 +274,7 @@ void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const
     /* codes below 8 bits and activations that are all bfloat16 (a bf16 model's): bfloat16 dot products */
     uint16_t* xb16 = bits < 8 && all_bf16(x, (size_t)M * K) ? malloc((size_t)M * K * sizeof(uint16_t)) : NULL;
     if (xb16) {
-        for (size_t i = 0; i < (size_t)M * K; i++) { uint32_t u; memcpy(&u, x + i, 4); xb16[i] = (uint16_t)(u >> 16); }
+        for (size_t i = 0; i < (size_t)M * K; i++) xb16[i] = float_to_bf16(x[i]);  /* exact: they are bfloat16 */
     }
 #endif
     for (int m0 = 0; m0 < M; m0 += 4) {

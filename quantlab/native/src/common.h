@@ -77,12 +77,17 @@ static inline float fp8_decode(uint8_t b, int e5m2) {
 #if defined(__AVX2__) && defined(__F16C__)
 /* Eight float8 codes as floats: e5m2 exactly (the top byte of a float16), e4m3 times 2^-8 (its exponent and
    mantissa shifted into a float16's fields: the biases differ by 8). */
-static inline __m256 fp8_widen8(const uint8_t* p, int e5m2) {
-    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)p));
+static inline __m256 fp8_widen8_bytes(__m128i bytes, int e5m2) {  /* the codes in bytes' low 8 bytes */
+    __m128i b = _mm_cvtepu8_epi16(bytes);
     __m128i h = e5m2 ? _mm_slli_epi16(b, 8)
         : _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
                        _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
     return _mm256_cvtph_ps(h);
+}
+
+/* fp8_widen8_bytes of the eight codes at p. */
+static inline __m256 fp8_widen8(const uint8_t* p, int e5m2) {
+    return fp8_widen8_bytes(_mm_loadl_epi64((const __m128i*)p), e5m2);
 }
 #endif
 

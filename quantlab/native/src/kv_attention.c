@@ -419,15 +419,27 @@ static inline void four_rows(const Store* st, int bh, int s, int m, size_t* rr) 
 #define L_F32 (CAST_F32 * 16)
 #define L_E4M3 (CAST_E4M3 * 16)
 
+/* Integer row rr's scale and offset (-zero x scale) of group j (bits: the layout's). */
+static inline void int_affine(const Store* st, int bits, size_t rr, int j, float* scale, float* offset) {
+    *scale = half_to_float(st->scales[rr * st->groups + j]);
+    *offset = -(float)code_at(st->zeros + rr * st->zero_bytes, j, bits) * *scale;
+}
+
+/* Whether an integer layout has one scale and zero point for the whole row (a group as wide as the head): then
+   the codes go to the products as they are and each row's affine is applied once (scores512, values512). */
+static inline int whole_row_affine(const Store* st, const int layout) {
+    return layout >= 0 && layout / 16 == INT && st->group >= st->D;
+}
+
 /* A row's scale and offset for the 16 channels from i (LAYOUT constant: the casts have none, E4M3 a scale). */
 typedef struct { __m512 scale, offset; } Affine;
 static inline __attribute__((always_inline)) Affine affine16(const Store* st, const int layout, size_t rr, int i) {
     Affine a = {_mm512_set1_ps(1.0f), _mm512_setzero_ps()};
     if (layout / 16 == INT) {
-        int j = i / st->group;
-        float scale = half_to_float(st->scales[rr * st->groups + j]);
+        float scale, offset;
+        int_affine(st, layout % 16, rr, i / st->group, &scale, &offset);
         a.scale = _mm512_set1_ps(scale);
-        a.offset = _mm512_set1_ps(-(float)code_at(st->zeros + rr * st->zero_bytes, j, layout % 16) * scale);
+        a.offset = _mm512_set1_ps(offset);
     } else if (layout == L_E4M3) {
         a.scale = _mm512_set1_ps((st->scales ? half_to_float(st->scales[rr]) : 1.0f) * 256.0f);
     }
@@ -455,9 +467,8 @@ static inline __attribute__((always_inline)) __m512 chunk16(const Store* st, con
 static inline __attribute__((always_inline)) void scores512(const Store* st, const int layout, int bh, int s0, int s1,
                                                             const float* q, const int G, float* out, int S) {
     const int D = st->D, scaled = layout / 16 == INT;
-    /* one scale and zero point a row: q . (c s - z s) = s (q . c) - z s sum(q), so the codes go to the products
-       as they are and each row's affine is applied once to its sums */
-    const int whole = layout >= 0 && scaled && st->group >= D;
+    /* one scale and zero point a row: q . (c s - z s) = s (q . c) - z s sum(q) */
+    const int whole = whole_row_affine(st, layout);
     float qsum[8];
     if (whole)
         for (int g = 0; g < G; g++) {
@@ -492,10 +503,7 @@ static inline __attribute__((always_inline)) void scores512(const Store* st, con
         }
         float sc[4], off[4];
         if (whole)
-            for (int r = 0; r < 4; r++) {
-                sc[r] = half_to_float(st->scales[rr[r] * st->groups]);
-                off[r] = -(float)code_at(st->zeros + rr[r] * st->zero_bytes, 0, layout % 16) * sc[r];
-            }
+            for (int r = 0; r < 4; r++) int_affine(st, layout % 16, rr[r], 0, &sc[r], &off[r]);
         for (int g = 0; g < G; g++) {
             float t[4];
             _mm_storeu_ps(t, reduce4(acc[0][g], acc[1][g], acc[2][g], acc[3][g]));
@@ -513,9 +521,9 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
     if (layout >= 0) {
         const int NC = G <= 4 ? 4 : 2;  /* G x NC <= 16 accumulators */
         const int scaled = layout / 16 == INT;
-        /* one scale and zero point a row: p (c s - z s) = (p s) c - p z s, so the codes go to the multiply-adds as
-           they are, weighted by p s, and sum(p z s) is added to every channel once */
-        const int whole = layout >= 0 && scaled && st->group >= D;
+        /* one scale and zero point a row: p (c s - z s) = (p s) c - p z s, so the codes are weighted by p s and
+           sum(p z s) is added to every channel once */
+        const int whole = whole_row_affine(st, layout);
         float bias[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int c0 = 0; c0 < D; c0 += 16 * NC) {
             const int nc = (D - c0) / 16 < NC ? (D - c0) / 16 : NC;
@@ -525,26 +533,23 @@ static inline __attribute__((always_inline)) void values512(const Store* st, con
             for (int s = s0; s < s1; s++) {
                 const size_t rr = (size_t)bh * st->S + s;
                 __m512 w[8];
-                if (whole) {
-                    float sc = half_to_float(st->scales[rr * st->groups]);
-                    float off = -(float)code_at(st->zeros + rr * st->zero_bytes, 0, layout % 16) * sc;
-                    for (int g = 0; g < G; g++) {
-                        float pg = p[(size_t)g * S + s];
-                        w[g] = _mm512_set1_ps(pg * sc);
-                        if (c0 == 0) bias[g] += pg * off;
-                    }
-                    const uint8_t* row = st->data + rr * st->row_bytes;
-                    for (int c = 0; c < nc; c++) {
-                        __m512 x = int_codes16(row, c0 + 16 * c, layout % 16);
-                        for (int g = 0; g < G; g++) a[g][c] = _mm512_fmadd_ps(x, w[g], a[g][c]);
-                    }
-                    continue;
+                float sc = 1.0f, off = 0.0f;
+                if (whole) int_affine(st, layout % 16, rr, 0, &sc, &off);
+                for (int g = 0; g < G; g++) {
+                    float pg = p[(size_t)g * S + s];
+                    w[g] = _mm512_set1_ps(pg * sc);
+                    if (whole && c0 == 0) bias[g] += pg * off;
                 }
-                for (int g = 0; g < G; g++) w[g] = _mm512_set1_ps(p[(size_t)g * S + s]);
-                Affine af = affine16(st, layout, rr, c0);
+                Affine af;
+                if (!whole) af = affine16(st, layout, rr, c0);
                 for (int c = 0; c < nc; c++) {
-                    if (scaled && c && (c0 + 16 * c) % st->group == 0) af = affine16(st, layout, rr, c0 + 16 * c);
-                    __m512 x = chunk16(st, layout, rr, c0 + 16 * c, af);
+                    const int i = c0 + 16 * c;
+                    __m512 x;
+                    if (whole) x = int_codes16(st->data + rr * st->row_bytes, i, layout % 16);
+                    else {
+                        if (scaled && c && i % st->group == 0) af = affine16(st, layout, rr, i);
+                        x = chunk16(st, layout, rr, i, af);
+                    }
                     for (int g = 0; g < G; g++) a[g][c] = _mm512_fmadd_ps(x, w[g], a[g][c]);
                 }
             }

@@ -178,6 +178,7 @@ static inline __attribute__((always_inline)) void row_avx512(int n,
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#define LUT4_BF16 1
 /* x [R, K] as bfloat16 in the order row_bf16 reads it: each 128 values as four runs of 32, x[4w + j] at position
    w of run j (the codes of 64 bytes as four nibble shifts of their 32 words pick them); K up to Kp with zeros. */
 static void arrange_bf16(const float* x, uint16_t* xs, int R, int K, int Kp) {
@@ -186,9 +187,7 @@ static void arrange_bf16(const float* x, uint16_t* xs, int R, int K, int Kp) {
             for (int j = 0; j < 4; j++)
                 for (int i = 0; i < 32; i++) {
                     int k = c + 4 * i + j;
-                    uint32_t u = 0;
-                    if (k < K) memcpy(&u, x + (size_t)r * K + k, 4);
-                    xs[(size_t)r * Kp + c + 32 * j + i] = (uint16_t)(u >> 16);
+                    xs[(size_t)r * Kp + c + 32 * j + i] = k < K ? float_to_bf16(x[(size_t)r * K + k]) : 0;
                 }
 }
 
@@ -223,12 +222,10 @@ static inline __attribute__((always_inline)) void row_bf16(int n,
         __m512i q3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(raw, 12), table);
         /* the turn's scales; past the row's last block the bytes read as 0 (their lanes' sums are 0 too) */
         const uint8_t* sb = (const uint8_t*)absmax + b0 + c / block;
-        __mmask16 present = whole ? (__mmask16)((1u << per_turn) - 1) : (__mmask16)((1u << ((K - c) / block)) - 1);
+        __mmask16 present = (__mmask16)((1u << (whole ? per_turn : (K - c) / block)) - 1);
         __m256 s8;
         if (kind == SCALE_E4M3) {  /* e4m3 bytes widened (x 2^-8); the global scale is divided out at the end */
-            __m128i b = _mm_cvtepu8_epi16(_mm_maskz_loadu_epi8(present, sb));
-            s8 = _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
-                                              _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8)));
+            s8 = fp8_widen8_bytes(_mm_maskz_loadu_epi8(present, sb), 0);
         } else if (kind == SCALE_E8M0) {  /* 2^(e - 127): the byte as a float's exponent; 0 is 2^-127, a subnormal */
             __m256i e = _mm256_cvtepu8_epi32(_mm_maskz_loadu_epi8(present, sb));
             __m256i bits = _mm256_slli_epi32(e, 23);
@@ -247,10 +244,9 @@ static inline __attribute__((always_inline)) void row_bf16(int n,
             total[r] = _mm512_fmadd_ps(s, _mm512_add_ps(p0, p1), total[r]);
         }
     }
-    float unit = kind == SCALE_E4M3 ? 256.0f : 1.0f;
     for (int r = 0; r < R; r++) {
-        float v = _mm512_reduce_add_ps(total[r]) * unit;
-        y[(size_t)r * N + n] = kind == SCALE_E4M3 ? v / scale2[0] : v;
+        float v = _mm512_reduce_add_ps(total[r]);
+        y[(size_t)r * N + n] = kind == SCALE_E4M3 ? v * 256.0f / scale2[0] : v;
     }
 }
 
@@ -264,7 +260,7 @@ static int matmul_bf16(const uint8_t* w, const void* absmax, int kind, const flo
     if (!xs) return 0;
     arrange_bf16(x, xs, M, K, Kp);
     uint16_t t[32];
-    for (int i = 0; i < 32; i++) { uint32_t u; memcpy(&u, lut + (i & 15), 4); t[i] = (uint16_t)(u >> 16); }
+    for (int i = 0; i < 32; i++) t[i] = float_to_bf16(lut[i & 15]);
     const __m512i table = _mm512_loadu_si512(t);
     for (int m0 = 0; m0 < M; m0 += 4) {
         int R = M - m0 < 4 ? M - m0 : 4;
@@ -306,7 +302,7 @@ static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const fl
 /* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
 void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                  const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#ifdef LUT4_BF16
     if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, y, M, N, K, block)) return;
 #endif
 #ifdef __AVX512F__
