@@ -24,7 +24,7 @@ def _run(args: argparse.Namespace) -> int:
         fields = {"kind": args.executor or recipe.executor.kind, **({"address": args.address} if args.address else {})}
         executor = recipe.executor.model_copy(update=fields)
     out = run_recipe(recipe, args.out, shard=parse_shard(args.shard) if args.shard else None, executor=executor,
-                     retime=args.retime, add=args.add)
+                     retime=args.retime, add=args.add, rounds=args.rounds)
     try:
         rows, _ = load_rows(out)
     except QuantlabError:  # a shard with no variant of its own in an empty folder
@@ -303,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measure again the decode timing of the variants measured before (their quality figures "
                      "and exports are kept): those whose timing was flagged noisy (--retime, or --retime noisy; run "
                      "it on a quiet machine), or all of them (--retime all: after the engine or its kernels changed)")
+    run.add_argument("--rounds", type=int, default=1, metavar="N",
+                     help="with --retime: hold the variants to time again together in this process and time them in "
+                     "N rounds, each variant in turn (rotating order), their steps pooled: a machine that drifts "
+                     "slows every variant alike (default 1: each alone, one after another)")
     run.add_argument("--add", action="store_true",
                      help="add this recipe's variants to an output folder that holds another recipe's records "
                      "(without it such a folder is refused)")

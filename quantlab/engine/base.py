@@ -9,9 +9,10 @@ components of what it runs). Its rows' provenance sentences come from it too (``
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Literal, Protocol
 
 import torch
 
@@ -30,6 +31,27 @@ class DecodeResult:
     engine: str = "eager"
     engine_options: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)  # MachineLoad.record() of the timed decode
+    rounds: int = 1  # timed generations pooled (``pooled``): several when interleaved with other variants'
+    interleaved_variants: int = 1  # the variants whose rounds alternated with these (this one included)
+
+    @classmethod
+    def pooled(cls, results: list["DecodeResult"], interleaved_variants: int = 1) -> "DecodeResult":
+        """One result from rounds of the same generation timed apart (interleaved with other variants'): every
+        round's decode steps together, the median round's prefill, the last round's memory, and the machine as the
+        worst round saw it (highest load and concurrency, smallest CPU share)."""
+        first, machines = results[0], [r.machine for r in results if r.machine]
+
+        def worst(key: str, pick: Callable[..., Any]) -> Any:
+            values = [m[key] for m in machines if m.get(key) is not None]
+            return pick(values) if values else None
+
+        machine = dict(machines[-1]) if machines else {}
+        machine.update({k: v for k, v in (("load_average_1m", worst("load_average_1m", max)),
+                                          ("process_cpu_share", worst("process_cpu_share", min)),
+                                          ("concurrent_timed_runs", worst("concurrent_timed_runs", max)))
+                        if v is not None})
+        return cls(statistics.median(r.prefill_ms for r in results), [t for r in results for t in r.decode_ms],
+                   results[-1].memory, first.engine, first.engine_options, machine, len(results), interleaved_variants)
 
     def record(self, batch_size: int) -> dict[str, Any]:
         q = statistics.quantiles(self.decode_ms, n=10, method="inclusive")
@@ -44,6 +66,8 @@ class DecodeResult:
             "decode_steps": len(self.decode_ms),
             "decode_ms_samples": [round(t, 4) for t in self.decode_ms],
             "tokens_per_s": round(batch_size * 1e3 / median, 3),
+            **({"timing_rounds": self.rounds, "timing_interleaved_variants": self.interleaved_variants}
+               if self.rounds > 1 else {}),
             **self.machine,
             **self.memory,
         }
@@ -100,6 +124,14 @@ class Engine:
     def decode(self, model: "nn.Module", kv: Any, device: torch.device, **workload: Any) -> DecodeResult:
         """Warm up and time one generation of ``model`` with ``kv``'s cache at one workload point."""
         raise NotImplementedError(f"{type(self).__name__} serves variants outside this process")
+
+    @contextlib.contextmanager
+    def decode_rounds(self, model: "nn.Module", kv: Any, device: torch.device,
+                      **workload: Any) -> Iterator[Callable[[], DecodeResult]]:
+        """``decode`` made ready once for several timed rounds, between which other variants run (an interleaved
+        re-timing): each call of what it yields times one generation as ``decode`` does. This default makes each
+        round a whole ``decode``; an engine that compiles overrides it to compile once."""
+        yield lambda: self.decode(model, kv, device, **workload)
 
     def serve(self, ctx: Any) -> Served:
         """The variant (``ctx``: its lifecycle, model quantized) held by this engine outside this process."""

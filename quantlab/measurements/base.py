@@ -64,6 +64,9 @@ class Measurement:
     title: ClassVar[str] = ""  # the figure's name in "how these figures were obtained"
     section: ClassVar[str | None] = None  # a heading: the columns get a table of their own instead of the main one
     evaluation: ClassVar[type[Any] | None] = None  # the config of the recipe's evaluations entry that runs it
+    # its figures are the timed steps' only: an interleaved re-timing (several variants held in one process) measures
+    # it again and keeps the point's other figures (memory peaks, which other variants in the process would inflate)
+    timing_only: ClassVar[bool] = False
 
     def enabled(self, recipe: Any) -> bool:
         """Whether the recipe runs this measurement: always, or where its evaluation entry is given."""

@@ -20,6 +20,8 @@ class DecodeLatency(Result):
     load_average_1m: float | None = None  # the host's load average as the timed decode ended
     process_cpu_share: float | None = None  # CPU time the process got / (wall time x threads) while timed
     concurrent_timed_runs: int | None = None  # other quantlab processes timing on this host at the same time
+    timing_rounds: int | None = None  # generations pooled, interleaved with other variants' (None: one, alone)
+    timing_interleaved_variants: int | None = None  # the variants whose rounds alternated (this one included)
 
 
 @register("latency", "prefill and per-token decode time after warm-up, device synchronized")
@@ -27,6 +29,7 @@ class Latency(Measurement):
     order = 50
     result = DecodeLatency
     scope = "point"
+    timing_only = True
     title = "latency"
     columns = (
         Column("prefill_ms", "prefill ms", ".2f", higher_is_better=False, timing="strike"),
@@ -46,4 +49,20 @@ class Latency(Measurement):
                 f"{row.get('prompt_tokens')} tokens in the main table, {w.get('new_tokens')} decode steps after "
                 f"{w.get('warmup_runs')} warm-up generation(s); prefill is the median of {w.get('prefill_repeats')} runs; "
                 "decode ms/token is the median step (p10–p90 beside it); the device is synchronized around every timed "
-                "step. tokens/s = batch × 1000 / median step." + engine_notes(rows, "latency"))
+                "step. tokens/s = batch × 1000 / median step." + _interleaved(rows) + engine_notes(rows, "latency"))
+
+
+def _interleaved(rows: list[dict[str, Any]]) -> str:
+    """A sentence on the rows whose steps were pooled from rounds interleaved with other variants'."""
+    points = [p for r in rows for p in (r.get("decode_points") or [r]) if p.get("timing_rounds")]
+    if not points:
+        return ""
+    rounds = sorted({p["timing_rounds"] for p in points})
+    variants = sorted({p.get("timing_interleaved_variants") or 1 for p in points})
+    labels = sorted({str(r.get("variant")) for r in rows
+                     if any(p.get("timing_rounds") for p in (r.get("decode_points") or [r]))})
+    span = lambda xs: str(xs[0]) if len(xs) == 1 else f"{xs[0]}–{xs[-1]}"  # noqa: E731
+    return (f" Timed again interleaved ({', '.join(labels)}): {span(rounds)} rounds, each a warm-up and a timed "
+            f"generation of every one of {span(variants)} variants held in one process, in rotating order; the "
+            "median step and p10–p90 are over every round's steps, the prefill the median round's, and the load and "
+            "CPU share the worst round's.")

@@ -2,6 +2,7 @@
 served by its engine, one generation per decode point; what the measurements read through ``MeasureContext``."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -9,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -172,18 +173,37 @@ class VariantContext:
             calibrated = kv.calibrated(self.model, samples, self.recipe.calibration.text)
         self.variant = dataclasses.replace(self.variant, kv=calibrated)
 
+    def _workload(self, batch_size: int, prompt_tokens: int) -> dict[str, Any]:
+        w = self.recipe.workload
+        return dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=w.new_tokens,
+                    warmup_runs=w.warmup_runs, prefill_repeats=w.prefill_repeats, seed=self.recipe.seed)
+
     def generation(self, batch_size: int, prompt_tokens: int) -> DecodeResult:
         """The timed generation at one (batch, prompt) point, run once and shared by the point measurements."""
         key = (batch_size, prompt_tokens)
         if key not in self._generations:
-            w = self.recipe.workload
-            kwargs = dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=w.new_tokens,
-                          warmup_runs=w.warmup_runs, prefill_repeats=w.prefill_repeats, seed=self.recipe.seed)
+            kwargs = self._workload(batch_size, prompt_tokens)
             served = self.served()
             self._generations[key] = (served.decode(self.model.config, **kwargs) if served is not None else
                                       engine(self.variant.engine).decode(self.model, self.variant.kv, self.device,
                                                                          **kwargs))
         return self._generations[key]
+
+    @contextlib.contextmanager
+    def decode_rounds(self, batch_size: int, prompt_tokens: int) -> Iterator[Callable[[], DecodeResult]]:
+        """The variant's engine made ready at one point for rounds of timing between other variants' (each call
+        of what this yields times one generation); ``set_generation`` then gives the point its pooled result."""
+        kwargs = self._workload(batch_size, prompt_tokens)
+        served = self.served()
+        if served is not None:  # an engine outside this process: each round a whole decode of its own
+            yield lambda: served.decode(self.model.config, **kwargs)
+            return
+        with engine(self.variant.engine).decode_rounds(self.model, self.variant.kv, self.device, **kwargs) as timed:
+            yield timed
+
+    def set_generation(self, batch_size: int, prompt_tokens: int, result: DecodeResult) -> None:
+        """The point's timed generation, measured elsewhere (pooled rounds): what the point measurements read."""
+        self._generations[(batch_size, prompt_tokens)] = result
 
     def served(self) -> Any | None:
         """The variant as an engine outside this process serves it (e.g. ``llama.cpp``: its GGUF export held by

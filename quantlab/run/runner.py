@@ -202,7 +202,7 @@ def _drop_shared_weights(out_dir: Path, log: Log) -> None:
 
 def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stderr,
                shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
-               retime: Retime | bool | None = None, add: bool = False) -> Path:
+               retime: Retime | bool | None = None, add: bool = False, rounds: int = 1) -> Path:
     """Measure every variant of ``recipe`` that ``out_dir`` has no usable record of (sharing the work with any
     other process running into the same folder), writing a record each. Returns ``out_dir``.
 
@@ -211,7 +211,9 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
     ``executor``: where the variants run (default: the recipe's ``executor``, local unless it says ray).
     ``retime``: measure again the decode timing of earlier records, keeping their other figures: ``"noisy"`` (or
     True) those flagged noisy, ``"all"`` every one (after the engine or its kernels changed).
-    ``add``: the folder may hold another recipe's records; this recipe's variants are added beside them."""
+    ``add``: the folder may hold another recipe's records; this recipe's variants are added beside them.
+    ``rounds`` > 1 (with ``retime``): the variants to time again are held together in this process and timed in that
+    many interleaved rounds (``run.interleave``), after any variant never measured is measured as usual."""
 
     out_dir = Path(out_dir or Path("reports") / recipe.name)
     executor = executor or recipe.executor
@@ -221,9 +223,24 @@ def run_recipe(recipe: Recipe, out_dir: Path | None = None, *, log: Log = _stder
         raise QuantlabError(f"{out_dir}: holds the records of recipe {', '.join(repr(n) for n in earlier)}, not "
                             f"{recipe.name!r}; give this run another --out, or --add to report both recipes' "
                             "variants in one folder")
+    _check_rounds(rounds, retime, shard, sweep_class)
     check_against_model(recipe)
     with recipe.threads_applied():  # the machine fingerprint records the threads the variants run with
-        return _run(recipe, out_dir, executor, sweep_class, log, shard, retime, add)
+        return _run(recipe, out_dir, executor, sweep_class, log, shard, retime, add, rounds)
+
+
+def _check_rounds(rounds: int, retime: Retime | bool | None, shard: tuple[int, int] | None, sweep_class: Any) -> None:
+    """``--rounds``: a count, with ``--retime``, in one process (not a shard, not an executor that spreads variants)."""
+    if rounds < 1:
+        raise QuantlabError(f"--rounds: a number of rounds, at least 1 (got {rounds})")
+    if rounds == 1:
+        return
+    if not retime:
+        raise QuantlabError(f"--rounds {rounds}: times the folder's measured variants again, together; give "
+                            "--retime all (or --retime noisy) with it")
+    if shard is not None or sweep_class is not Sweep:
+        raise QuantlabError(f"--rounds {rounds}: the variants are timed together in this process; not with --shard "
+                            "or an executor that measures them elsewhere (use the local executor)")
 
 
 def other_recipes(out_dir: Path, recipe: Recipe) -> list[str]:
@@ -236,7 +253,8 @@ def other_recipes(out_dir: Path, recipe: Recipe) -> list[str]:
 
 
 def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any, log: Log,
-         shard: tuple[int, int] | None, retime: Retime | bool | None = None, add: bool = False) -> Path:
+         shard: tuple[int, int] | None, retime: Retime | bool | None = None, add: bool = False,
+         rounds: int = 1) -> Path:
     folder = RunFolder(out_dir)
     folder.check_writable()
     folder.convert_legacy(log)
@@ -248,8 +266,13 @@ def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     for line in kv_residual_warnings(recipe):
         log(line)
-    share = sweep_class(recipe, folder, sweep, log, shard, executor, retime=retime)
+    together = rounds > 1 and retime
+    share = sweep_class(recipe, folder, sweep, log, shard, executor, retime=None if together else retime)
     share.run()
+    if together:
+        from .interleave import retime_interleaved
+
+        retime_interleaved(recipe, folder, sweep, log, "noisy" if retime is True else retime, rounds)
     if share.all_recorded():
         folder.complete_sweep(sweep)
         _drop_shared_weights(out_dir, log)

@@ -5,7 +5,8 @@ the KV format has a static cache and the step compiles, else eager, the reason r
 when a variant is measured, not when a recipe is validated."""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -24,6 +25,15 @@ class TorchEngine(Engine):
         from .decode import measure_decode
 
         return measure_decode(model, kv, device=device, engine=self.mode, **workload)
+
+    @contextlib.contextmanager
+    def decode_rounds(self, model: Any, kv: Any, device: torch.device,
+                      **workload: Any) -> Iterator[Callable[[], DecodeResult]]:
+        """The step compiled (or the eager loop chosen) once for every round."""
+        from .decode import decode_rounds
+
+        with decode_rounds(model, kv, device=device, engine=self.mode, **workload) as timed:
+            yield timed
 
 
 ENGINES.add("auto", TorchEngine, "compiled where the KV format has a static cache and the step compiles, else eager "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -160,24 +160,69 @@ def measure_decode(
     compiled engine, or the eager one where the KV format has no static cache or the step does not compile;
     ``engine_options["engine_choice"]`` says which and why.
     """
-    kwargs = dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens, warmup_runs=warmup_runs,
-                  prefill_repeats=prefill_repeats, seed=seed)
+    with decode_rounds(model, kv, batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                       warmup_runs=warmup_runs, prefill_repeats=prefill_repeats, seed=seed, device=device,
+                       engine=engine) as timed:
+        return timed()
+
+
+@contextlib.contextmanager
+def decode_rounds(
+    model: nn.Module, kv: KVFormat, *, batch_size: int, prompt_tokens: int, new_tokens: int,
+    warmup_runs: int, prefill_repeats: int, seed: int, device: torch.device, engine: str = "eager",
+) -> Iterator[Callable[[], DecodeResult]]:
+    """The model made ready once (its step compiled, ``warmup_runs`` untimed generations) for rounds of timing:
+    each call of what this yields times ``prefill_repeats`` prefills and one generation of ``new_tokens`` steps,
+    as ``measure_decode`` does. From the second round on, one short untimed generation comes first, as the
+    warm-up did in the first: other variants may have run in between (an interleaved re-timing)."""
+    workload = dict(batch_size=batch_size, prompt_tokens=prompt_tokens, new_tokens=new_tokens, seed=seed,
+                    prefill_repeats=prefill_repeats)
+    ids = prompt_ids(model.config.vocab_size, batch_size, prompt_tokens, seed, device)
+    with contextlib.ExitStack() as stack:
+        decode, choice = _ready(model, kv, device, engine, prompt_tokens + new_tokens, stack,
+                                lambda d: _warm_up(d, ids, new_tokens, warmup_runs))
+        rounds = 0
+
+        def timed() -> DecodeResult:
+            nonlocal rounds
+            if rounds:
+                _warm_up(decode, ids, new_tokens, min(warmup_runs, 1))
+            rounds += 1
+            result = _measure_decode(decode, **workload)
+            if choice is not None:
+                result.engine_options["engine_choice"] = choice
+            return result
+
+        yield timed
+
+
+def _warm_up(decode: "DecodeEngine", ids: torch.Tensor, new_tokens: int, runs: int) -> None:
+    for _ in range(max(runs, int(decode.compiled))):  # compiled: compilation happens in the first
+        decode.warm_up(ids, min(new_tokens, 8))
+
+
+def _ready(model: nn.Module, kv: KVFormat, device: torch.device, engine: str, max_cache_len: int,
+           stack: contextlib.ExitStack, warm_up: Callable[["DecodeEngine"], None]) -> tuple["DecodeEngine", str | None]:
+    """The engine entered on ``stack`` and warmed up; with ``auto`` the compiled one, or the eager one where the KV
+    format has no static cache or the step does not compile, and the choice with its reason (else None)."""
     if engine != AUTO:
-        with DecodeEngine(model, kv, device, engine, prompt_tokens + new_tokens) as decode:
-            return _measure_decode(decode, **kwargs)
+        decode = stack.enter_context(DecodeEngine(model, kv, device, engine, max_cache_len))
+        warm_up(decode)
+        return decode, None
     reason = kv_static_problem(kv, model)
     if reason is None:
+        compiled = contextlib.ExitStack()
         try:
-            with DecodeEngine(model, kv, device, "compiled", prompt_tokens + new_tokens) as decode:
-                result = _measure_decode(decode, **kwargs)
-            result.engine_options["engine_choice"] = "auto: compiled"
-            return result
+            decode = compiled.enter_context(DecodeEngine(model, kv, device, "compiled", max_cache_len))
+            warm_up(decode)
+            stack.push(compiled)
+            return decode, "auto: compiled"
         except COMPILE_ERRORS as e:
+            compiled.close()
             reason = f"the step did not compile ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-    with DecodeEngine(model, kv, device, "eager", prompt_tokens + new_tokens) as decode:
-        result = _measure_decode(decode, **kwargs)
-    result.engine_options["engine_choice"] = f"auto: eager, {reason}"
-    return result
+    decode = stack.enter_context(DecodeEngine(model, kv, device, "eager", max_cache_len))
+    warm_up(decode)
+    return decode, f"auto: eager, {reason}"
 
 
 def kv_static_problem(kv: KVFormat, model: nn.Module) -> str | None:
@@ -204,13 +249,11 @@ COMPILE_ERRORS = _compile_errors()
 
 
 def _measure_decode(
-    decode: DecodeEngine, *, batch_size: int, prompt_tokens: int, new_tokens: int, warmup_runs: int,
-    prefill_repeats: int, seed: int,
+    decode: DecodeEngine, *, batch_size: int, prompt_tokens: int, new_tokens: int, prefill_repeats: int, seed: int,
 ) -> DecodeResult:
+    """Time ``prefill_repeats`` prefills and one generation of ``new_tokens`` steps (the engine warmed up)."""
     model, kv, device = decode.model, decode.kv, decode.device
     ids = prompt_ids(model.config.vocab_size, batch_size, prompt_tokens, seed, device)
-    for _ in range(max(warmup_runs, int(decode.compiled))):  # compiled: compilation happens here
-        decode.warm_up(ids, min(new_tokens, 8))
     prefills = [decode.generation().prefill(ids) for _ in range(prefill_repeats - 1)]
     gen = decode.generation()
     spans = cuda_devices_of(model) if device.type == "cuda" else None

@@ -160,3 +160,31 @@ def test_a_model_whose_token_embedding_is_held_in_ggml_blocks_is_measured() -> N
     assert record["decode_steps"] == 3
     assert record["kv_cache_bytes"] == record["kv_cache_bytes_analytic"] == \
         native.cache_bytes_analytic(model.config, 1, 11, torch.float32)
+
+
+def test_rounds_make_the_model_ready_once_and_warm_up_before_each_later_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantlab.engine.torch import decode
+
+    def refusing(*args, **kwargs):  # auto's choice, made once, is said by every round
+        def step(*a, **k):
+            raise torch._dynamo.exc.TorchRuntimeError("an operator the compiler refuses")
+        return step
+
+    monkeypatch.setattr(decode, "compiled_step", refusing)
+    warm_ups, entered = [], []
+    warm_up = decode.DecodeEngine.warm_up
+    monkeypatch.setattr(decode.DecodeEngine, "warm_up",
+                        lambda self, ids, steps: (warm_ups.append((self.name, steps)), warm_up(self, ids, steps)))
+    enter = decode.DecodeEngine.__enter__
+    monkeypatch.setattr(decode.DecodeEngine, "__enter__", lambda self: (entered.append(self.name), enter(self))[1])
+    with decode.decode_rounds(make_llama(), KV_FORMATS["native"].build(), batch_size=1, prompt_tokens=8,
+                              new_tokens=12, warmup_runs=2, prefill_repeats=1, seed=0, device=CPU,
+                              engine="auto") as timed:
+        assert entered == ["compiled", "eager"] and warm_ups == [("compiled", 8)] + [("eager", 8)] * 2
+        records = [timed().record(1) for _ in range(3)]
+    assert entered == ["compiled", "eager"]  # made ready once for every round
+    # warmup_runs before the first round, one short one before each later
+    assert warm_ups == [("compiled", 8)] + [("eager", 8)] * 4
+    for record in records:
+        assert record["decode_steps"] == 12 and record["engine"] == "eager"
+        assert record["engine_options"]["engine_choice"].startswith("auto: eager, the step did not compile")
