@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "config: N array jobs into one shared --out cover every variant once")
     run.add_argument("--retime", nargs="?", const="noisy", choices=("noisy", "all"), default=None,  # run.sweep.Retime
                      help="measure again the decode timing of the variants measured before (their quality figures "
-                     "and exports are kept): those whose timing was flagged noisy (--retime, or --retime noisy; run "
+                     "and exports are kept, also where another machine measured them): those whose timing was flagged noisy (--retime, or --retime noisy; run "
                      "it on a quiet machine), or all of them (--retime all: after the engine or its kernels changed)")
     run.add_argument("--rounds", type=int, default=1, metavar="N",
                      help="with --retime: hold the variants to time again together in this process and time them in "

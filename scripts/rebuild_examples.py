@@ -23,15 +23,31 @@ def _summary_block(report: str) -> str:
     return report[start:end].replace("## The answer", "## The answer (from report.md)").strip()
 
 
+def _span(dates: list[str]) -> str:
+    dates = sorted(dates)
+    return dates[0] if dates and dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}" if dates else "—"
+
+
 def _machine(records: list[dict]) -> str:
     hosts = sorted({f"{r['fingerprint'].get('cpu_model')}, {r['fingerprint'].get('cpu_threads')} threads"
                     for r in records if r.get("fingerprint")})
     env = next((r.get("environment") for r in records if r.get("environment")), {}) or {}
-    dates = sorted(r["finished_at"][:10] for r in records if r.get("finished_at"))
-    when = dates[0] if dates and dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}" if dates else "—"
+    first = [((r.get("retimed") or {}).get("first_started_at") or r.get("finished_at") or "")[:10] for r in records]
     return (f"Measured on {'; '.join(hosts) or '—'}, Python {env.get('python', '—')}, "
-            f"torch {env.get('torch', '—')}, transformers {env.get('transformers', '—')}; {when}. Timings flagged "
-            "noisy in the report were taken on a busy machine.")
+            f"torch {env.get('torch', '—')}, transformers {env.get('transformers', '—')}; "
+            f"{_span([d for d in first if d])}. Timings flagged noisy in the report were taken on a busy machine.")
+
+
+def _retimed(records: list[dict], command: str) -> str:
+    """A sentence on the rows whose timing was taken again, all of them together in interleaved rounds."""
+    together = [r for r in records if (r.get("retimed") or {}).get("interleaved")]
+    if not together:
+        return ""
+    rounds = sorted({r["retimed"]["interleaved"]["rounds"] for r in together})
+    when = _span([r["finished_at"][:10] for r in together if r.get("finished_at")])
+    return (f" The decode timing of {len(together)} of the {len(records)} rows was taken again together, "
+            f"{'/'.join(map(str, rounds))} rounds interleaved in one process (`{command} --retime all --rounds "
+            f"{rounds[-1]}`), {when}; their quality figures are from the first measurement.")
 
 
 def readme(folder: Path) -> str:
@@ -44,7 +60,8 @@ def readme(folder: Path) -> str:
     recipe_file = manifest.get("recipe_file") or f"recipes/{name}.yaml"
     return "\n".join([
         f"# Example: {name}", "", description or "—", "",
-        f"Measured with `quantlab run {recipe_file} --out {folder.relative_to(ROOT)}`. {_machine(records)}", "",
+        f"Measured with `quantlab run {recipe_file} --out {folder.relative_to(ROOT)}`. {_machine(records)}"
+        + _retimed(records, f"quantlab run {recipe_file} --out {folder.relative_to(ROOT)}"), "",
         f"The full report is [report.md](report.md); `python scripts/rebuild_examples.py {folder.relative_to(ROOT)}` "
         "writes report.html (plots, memory breakdown, evidence table) and the tables beside it from the records.", "",
         _summary_block(report), ""])

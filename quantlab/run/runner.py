@@ -267,7 +267,8 @@ def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any
     for line in kv_residual_warnings(recipe):
         log(line)
     together = rounds > 1 and retime
-    share = sweep_class(recipe, folder, sweep, log, shard, executor, retime=None if together else retime)
+    share = (sweep_class(recipe, folder, sweep, log, shard, executor, retime=None, keep_measured=True) if together
+             else sweep_class(recipe, folder, sweep, log, shard, executor, retime=retime))
     share.run()
     if together:
         from .interleave import retime_interleaved

@@ -94,11 +94,14 @@ class Sweep:
 
     def __init__(self, recipe: Recipe, folder: RunFolder, sweep: int, log: Log,
                  shard: tuple[int, int] | None = None, executor: ExecutorSpec | None = None,
-                 retime: Retime | bool | None = None) -> None:
+                 retime: Retime | bool | None = None, keep_measured: bool | None = None) -> None:
         self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
         self.executor = executor
         # measure again the decode points of earlier records: those flagged noisy, or all of them (None: none)
         self.retime: Retime | None = "noisy" if retime is True else (retime or None)
+        # a measured record of another machine stands instead of being measured again (default: when re-timing,
+        # which is about the timing; the quality figures do not depend on the machine that took them)
+        self.keep_measured = bool(self.retime) if keep_measured is None else keep_measured
         self.retiming: set[str] = set()
         self.fid = fingerprint_id(machine_fingerprint())
         self.claims = Claims(folder.path)
@@ -148,7 +151,7 @@ class Sweep:
                     continue  # another shard's variant
                 tag = f"[{i + 1}/{len(variants)}] {variant.label}"
                 record = self.folder.read_record(variant.key)
-                why = reusable(record, self.fid, self.sweep)
+                why = self.stands(record)
                 if why and self.retime and to_time_again(record, self.sweep, self.retime):
                     why = None
                     self.retiming.add(variant.key)
@@ -166,7 +169,7 @@ class Sweep:
                     held[variant.key] = self.claims.current(variant.key)
                     continue
                 record = self.folder.read_record(variant.key)
-                why = reusable(record, self.fid, self.sweep)
+                why = self.stands(record)
                 if why and variant.key in self.retiming and to_time_again(record, self.sweep, self.retime):
                     why = None
                 if why:  # finished by another process between our look and our claim
@@ -197,9 +200,17 @@ class Sweep:
                 return claim
         return None
 
+    def stands(self, record: dict[str, Any] | None) -> str | None:
+        """Why ``record`` stands for its variant in this sweep (a log phrase), or None if it must be measured."""
+        why = reusable(record, self.fid, self.sweep)
+        if why is None and self.keep_measured and record is not None and record.get("status") == "ok":
+            host = (record.get("fingerprint") or {}).get("host") or "another machine"
+            return f"measured on {host}, kept (its timing is what a re-timing measures)"
+        return why
+
     def all_recorded(self) -> bool:
         """Whether every variant of the recipe (every shard's) has a record that stands for it in this sweep."""
-        return all(reusable(self.folder.read_record(v.key), self.fid, self.sweep) for v in self.recipe.variants())
+        return all(self.stands(self.folder.read_record(v.key)) for v in self.recipe.variants())
 
     def run(self) -> None:
         attempt = 0

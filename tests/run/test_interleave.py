@@ -121,10 +121,15 @@ def test_retime_in_rounds_replaces_only_the_timing_and_says_how_it_was_taken(tmp
     recipe = _recipe()
     out = run_recipe(recipe, tmp_path / "out", log=lambda _: None)
     folder = RunFolder(out)
+    elsewhere = folder.read_record(recipe.variants()[1].key)  # measured on another machine: its quality stands
+    elsewhere.update(fingerprint_id="0" * 16, fingerprint={**elsewhere["fingerprint"], "host": "elsewhere"})
+    folder.write_record(elsewhere)
     before = {v.key: folder.read_record(v.key) for v in recipe.variants()}
     lines: list[str] = []
     run_recipe(recipe, out, log=lines.append, retime="all", rounds=3)
     labels = [v.label for v in recipe.variants()]
+    assert not any(ln.endswith(": running") for ln in lines), lines  # nothing measured again from scratch
+    assert any("int8-pc-asym: measured on elsewhere, kept" in ln for ln in lines), lines
     assert sum("round 1/3 over 2 variants" in ln for ln in lines) == 2  # one set of rounds per decode point
     for variant in recipe.variants():
         old, new = before[variant.key], folder.read_record(variant.key)

@@ -157,3 +157,15 @@ def test_a_kv_format_that_would_keep_most_of_the_workload_unquantized_is_warned_
                                            {"format": "int4", "group_size": 32, "residual_tokens": 32}]})
     warnings = kv_residual_warnings(recipe)
     assert len(warnings) == 1 and warnings[0].startswith("warning: kv_cache[1] (int4-g32-r128) keeps 128 of the 144")
+
+
+def test_a_re_timing_keeps_a_record_measured_on_another_machine_and_a_plain_run_measures_it_again(tmp_path) -> None:
+    recipe = validate_recipe({"name": "keep", "model": {"bundled": "tiny-stdlib-llama"}, "weights": ["fp32"],
+                              "workload": WORKLOAD, "device": "cpu"})
+    folder = RunFolder(tmp_path)
+    other = {"status": "ok", "sweep": 0, "fingerprint_id": "0" * 16, "fingerprint": {"host": "quiet-box"}}
+    assert Sweep(recipe, folder, 1, lambda _: None).stands(other) is None  # a plain run measures it here
+    for retime in ("noisy", "all"):
+        kept = Sweep(recipe, folder, 1, lambda _: None, retime=retime).stands(other)
+        assert kept == "measured on quiet-box, kept (its timing is what a re-timing measures)"
+    assert Sweep(recipe, folder, 1, lambda _: None, keep_measured=True).stands({**other, "status": "failed"}) is None
