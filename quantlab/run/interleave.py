@@ -53,13 +53,18 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+def weight_bytes(record: dict[str, Any]) -> int:
+    """The bytes of a measured record's weights (0 when it has none recorded)."""
+    return (record.get("measurements", {}).get("weights") or {}).get("weight_bytes") or 0
+
+
 def check_memory(records: list[dict[str, Any]], largest_bytes: int, rounds: int,
                  available: int | None) -> None:
     """Refuse, before loading anything, variants whose weights together (and one unquantized load beside them)
     would not fit in the memory available."""
     if available is None:
         return
-    held = sum((r.get("measurements", {}).get("weights") or {}).get("weight_bytes") or 0 for r in records)
+    held = sum(weight_bytes(r) for r in records)
     need = held + largest_bytes
     if need > MEMORY_SHARE * available:
         raise QuantlabError(f"--rounds {rounds}: the {len(records)} variants to time together hold "
@@ -78,8 +83,7 @@ def retime_interleaved(recipe: Recipe, folder: RunFolder, sweep: int, log: Log, 
         log("no measured variant to time again")
         return []
     everything = [r for r in folder.records().values() if r.get("status") == "ok"]
-    largest = max(((r.get("measurements", {}).get("weights") or {}).get("weight_bytes") or 0 for r in everything),
-                  default=0)
+    largest = max(map(weight_bytes, everything), default=0)
     check_memory([r for _, r in todo], largest, rounds, available_memory_bytes())
     device = resolve_device(recipe.device)
     claims = Claims(folder.path)
@@ -172,10 +176,9 @@ def _retimed(record: dict[str, Any], ctx: VariantContext, started: str, rounds: 
                 if got is not None:
                     results[name] = got.model_dump(mode="json")
         points.append({**p, "measurements": results})
-    kept = ("sweep", "fingerprint", "fingerprint_id", "writer", "finished_at", "memory_bandwidth_bytes_per_s",
-            "memory_bandwidth_after_bytes_per_s", "memory_bandwidth_method")
     earlier = record.get("retimed") or {}
-    return {**{k: v for k, v in record.items() if k not in kept}, "points": points, "started_at": started,
+    # the sweep, fingerprint, writer, bandwidths and finish time are this process's: finish_record sets them
+    return {**record, "points": points, "started_at": started,
             "device": describe_device(ctx.device), "environment": environment(),
             "retimed": {"first_started_at": earlier.get("first_started_at") or record.get("started_at"),
                         "first_sweep": earlier.get("first_sweep") or record.get("sweep"),

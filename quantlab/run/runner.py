@@ -20,7 +20,7 @@ from ..records.fingerprint import describe, machine_fingerprint
 from ..records.folder import RunFolder
 from .executors import EXECUTORS
 from .recipe import ExecutorSpec, Recipe
-from .sweep import Log, Retime, Sweep
+from .sweep import Log, Retime, Sweep, which_retime
 
 
 def _stderr(msg: str) -> None:
@@ -266,14 +266,15 @@ def _run(recipe: Recipe, out_dir: Path, executor: ExecutorSpec, sweep_class: Any
     atomic_write_text(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     for line in kv_residual_warnings(recipe):
         log(line)
-    together = rounds > 1 and retime
+    which = which_retime(retime)
+    together = rounds > 1 and which is not None
     share = (sweep_class(recipe, folder, sweep, log, shard, executor, retime=None, keep_measured=True) if together
              else sweep_class(recipe, folder, sweep, log, shard, executor, retime=retime))
     share.run()
     if together:
         from .interleave import retime_interleaved
 
-        retime_interleaved(recipe, folder, sweep, log, "noisy" if retime is True else retime, rounds)
+        retime_interleaved(recipe, folder, sweep, log, which, rounds)
     if share.all_recorded():
         folder.complete_sweep(sweep)
         _drop_shared_weights(out_dir, log)

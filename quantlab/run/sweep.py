@@ -98,7 +98,7 @@ class Sweep:
         self.recipe, self.folder, self.sweep, self.log, self.shard = recipe, folder, sweep, log, shard
         self.executor = executor
         # measure again the decode points of earlier records: those flagged noisy, or all of them (None: none)
-        self.retime: Retime | None = "noisy" if retime is True else (retime or None)
+        self.retime = which_retime(retime)
         # a measured record of another machine stands instead of being measured again (default: when re-timing,
         # which is about the timing; the quality figures do not depend on the machine that took them)
         self.keep_measured = bool(self.retime) if keep_measured is None else keep_measured
@@ -228,6 +228,11 @@ class Sweep:
 def _places(row: dict[str, Any], m: Measurement) -> list[dict[str, Any]]:
     """Where a measurement's figures are in a flat row: its decode points (point scope) or the row itself."""
     return (row.get("decode_points") or []) if m.scope == "point" else [row]
+
+
+def which_retime(retime: Retime | bool | None) -> Retime | None:
+    """``--retime``'s choice: True (the bare flag) is ``noisy``; None or False, no re-timing."""
+    return "noisy" if retime is True else (retime or None)
 
 
 def noisy_earlier(record: dict[str, Any] | None, sweep: int) -> bool:
