@@ -190,48 +190,65 @@ def _head_scale(store: CodeStore, batch: int) -> torch.Tensor | float:
     return torch.tensor(scales, dtype=torch.float32).repeat(batch).view(-1, 1, 1)
 
 
+def _visible(scores: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+             softcap: float | None) -> torch.Tensor:
+    """``scores [b, hkv, g, n]`` scaled (and soft-capped), -inf where not ``valid [n]`` or masked out by ``mask
+    [b, 1, 1, n]`` (boolean, or added). Applied to each part before the parts are joined, so that inductor computes
+    the masks inside the join's loop instead of storing boolean rows of every position (stored one byte at a time,
+    about 20 us a layer at 4,096 positions)."""
+    scores = scores * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask.float()
+    elif mask is not None:
+        valid = valid & mask
+    return torch.where(valid, scores, float("-inf"))
+
+
 def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
            softcap: float | None = None) -> torch.Tensor:
     """One decode row per query head (``query [b, hq, 1, d]``) over ``layer`` after its update: ``[b, 1, hq, dv]``.
-    ``attention_mask``: transformers' mask over the layer's ``max_cache_len`` positions (boolean or additive)."""
+    ``attention_mask``: transformers' mask over the layer's ``max_cache_len`` positions (boolean or additive).
+
+    The stored slots hold positions ``0 .. slots - 1`` in order, so their part of the mask is a slice; only the
+    ring's few slots are gathered. A ring in a float dtype is read by the same kernel's casts (torch's batched
+    matmuls cost about 15 us a call at any size on CPU), else by ``torch.matmul``."""
     b, hq, _, d = query.shape
     hkv, slots, ring = layer.num_heads, layer.slots, layer.ring_len
     g = hq // hkv
     q = query.reshape(b * hkv, g, d).float()
     length = layer.cumulative_length
     end = layer._stored_end(length)  # a tensor: the layer's length is one
-    parts, positions, valid = [], [], []
+    mask = attention_mask[:, :, -1:, :] if attention_mask is not None else None  # [b, 1, 1, positions]
+    dense_ring = ring and reads_dense(layer.keys, layer.values)
+    parts = []
     if slots:
         q_stored = layer.key_store.codec.rotation(q)  # as the stored keys were rotated
-        parts.append(scores_op(*_store_args(layer.key_store), end, q_stored) * _head_scale(layer.key_store, b))
-        stored = torch.arange(slots, device=query.device)
-        positions.append(stored)
-        valid.append(stored < end)
+        stored = scores_op(*_store_args(layer.key_store), end, q_stored) * _head_scale(layer.key_store, b)
+        parts.append(_visible(stored.view(b, hkv, g, slots), torch.arange(slots, device=query.device) < end,
+                              None if mask is None else mask[..., :slots], scaling, softcap))
     if ring:
         ring_slot = torch.arange(ring, device=query.device)
         ring_position = end + (ring_slot - end) % ring  # the position each ring slot holds
-        keys = layer.keys.reshape(b * hkv, ring, d).float()
-        parts.append(torch.matmul(q, keys.transpose(1, 2)))
-        positions.append(ring_position)
-        valid.append(ring_position < length)
-    scores = torch.cat(parts, -1).view(b, hkv, g, -1) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    visible = torch.cat(valid).view(1, 1, 1, -1)
-    if attention_mask is not None:
-        mask = attention_mask[:, :, -1:, :]  # [b, 1, 1, positions]
-        index = torch.cat(positions).clamp(max=mask.shape[-1] - 1)
-        mask = mask[..., index]
-        if mask.dtype == torch.bool:
-            visible = visible & mask
+        if dense_ring:  # the ring as a store of b x hkv rows of ``ring`` slots
+            every = torch.full((), ring, dtype=torch.int64)
+            recent = scores_op(CASTS[layer.keys.dtype], 0, d, d, layer.keys, None, None, every, q)
         else:
-            scores = scores + mask.float()
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).view(b * hkv, g, -1)
+            recent = torch.matmul(q, layer.keys.reshape(b * hkv, ring, d).float().transpose(1, 2))
+        ring_mask = None if mask is None else mask[..., ring_position.clamp(max=mask.shape[-1] - 1)]
+        parts.append(_visible(recent.view(b, hkv, g, ring), ring_position < length, ring_mask, scaling, softcap))
+    probs = torch.softmax(torch.cat(parts, -1), dim=-1).view(b * hkv, g, -1)
     dv = layer.v_head_dim
     out = torch.zeros(b * hkv, g, dv, dtype=torch.float32, device=query.device)
     if slots:
         stored = values_op(*_store_args(layer.value_store), end, probs[..., :slots]) * _head_scale(layer.value_store, b)
         out = out + layer.value_store.codec.rotation(stored)  # the rotation is its own inverse
     if ring:
-        out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())
+        if dense_ring:
+            every = torch.full((), ring, dtype=torch.int64)
+            out = out + values_op(CASTS[layer.values.dtype], 0, dv, dv, layer.values, None, None, every,
+                                  probs[..., slots:])
+        else:
+            out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())
     return out.view(b, hq, 1, dv).transpose(1, 2).to(query.dtype).contiguous()
