@@ -12,8 +12,8 @@ shares of the quantized matmuls, the output head, attention, the compiled graph'
 checks can be read off. The compiled engine's CPU settings can be undone to see what each saves:
 ``--attention sdpa`` or ``eager`` (the fused SDPA kernel, or transformers' matmuls with ``repeat_kv``, instead of
 quantlab's grouped attention), ``--module-guards kept`` (dynamo checks its guards on module attributes at every step) and
-``--half-linears aten`` (bf16 linears, the output head among them, through ``aten::mm`` instead of the fused
-one-row matmul) and ``--inductor realize_opcount_threshold=None`` (any inductor setting over the engine's: here,
+``--half-linears fused_row_matmul`` or ``aten`` (bf16 linears, the output head among them, through inductor's
+one-row loop or ``aten::mm`` instead of the C kernel) and ``--inductor realize_opcount_threshold=None`` (any inductor setting over the engine's: here,
 pointwise chains inlined into the one-row matmuls' loops again). On CUDA (``--device cuda``) the engine keeps its
 CUDA settings (CUDA graphs, gpt-fast's inductor flags), the kernels are ranked by their GPU time, and the graphs
 and graph breaks dynamo made for the step are counted first.
@@ -41,7 +41,8 @@ def main() -> None:
     p.add_argument("--attention", choices=["quantlab", "sdpa", "eager"], default="quantlab",
                    help="quantlab: the engines' grouped attention (quantlab-fused over a quantized cache)")
     p.add_argument("--module-guards", choices=["skipped", "kept"], default="skipped")
-    p.add_argument("--half-linears", choices=["fused_row_matmul", "aten"], default="fused_row_matmul")
+    p.add_argument("--half-linears", choices=["half_rows", "fused_row_matmul", "aten"],
+                   default=compiled.compile_options(torch.device("cpu"))["half_linears"])
     p.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE",
                    help="inductor settings over the engine's (values as Python literals)")
     p.add_argument("--prompt-tokens", type=int, default=128)

@@ -22,6 +22,7 @@ from quantlab.quant.forms.ggml import kernel as ggml
 from quantlab.quant.forms.microscaling import kernel as microscaling
 from quantlab.quant.forms.microscaling.quantize import quantize_mx, quantize_nvfp4
 from quantlab.quant.kernels import base as kernels_base
+from quantlab.quant.kernels import half_rows
 
 ROWS = [1, 2, 5, 13]
 PRODUCTS = {  # library: its ops with a C++ kernel
@@ -31,6 +32,7 @@ PRODUCTS = {  # library: its ops with a C++ kernel
     "int8_act": [int8_act.matmul_op],
     "ggml": [ggml.matmul_q8_op, ggml.matmul_repacked_op, ggml.dequantize_op],  # the last: a step's embedding rows
     "kv_attention": [code_attention.scores_op, code_attention.values_op],
+    "half_rows": [half_rows.matmul_op],
 }
 
 

@@ -4,7 +4,8 @@ On CPU the compiled engine also removes what dominates a small model's step once
 quickly (``benchmarks/profile_decode.py`` shows the shares): the attention runs as grouped products and
 softmax, which inductor fuses into the step's graph, instead of the fused SDPA kernel's per-call setup;
 half-precision linears and int8 weights multiply a single row as one fused loop over the weight
-(``fused_row_matmul``) instead of ``aten::mm``'s batch-1 path; inductor writes a pointwise chain out once
+(``half_rows``: C, where the CPU has AVX-512; else ``fused_row_matmul``, a loop inductor writes) instead of
+``aten::mm``'s batch-1 path; inductor writes a pointwise chain out once
 rather than recomputing it inside such a loop; and dynamo skips its guards on module attributes, which it
 otherwise checks on every call. Skipping them is safe because the step is captured whole, for one model,
 from its own code object (so no other model's entry can match it), and dropped when the measurement ends;
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...quant.kernels import half_rows
 from ...quant.kernels.base import fused_row_matmul, use_fused_row_matmul
 from .attention import FUSED_NAME as FUSED_ATTENTION
 from .attention import NAME as ATTENTION
@@ -29,8 +31,9 @@ from .attention import register as register_attention
 def compile_options(device: torch.device) -> dict[str, Any]:
     """What the compiled engine sets: torch.compile of the decode step over a static cache; on CUDA also
     CUDA graphs (mode reduce-overhead) and gpt-fast's inductor flags, which decide int8 speed there; on CPU
-    quantlab's grouped attention (``attention.py``: fused into the graph for decode rows, SDPA for the prefill), module guards skipped, half-precision linears as fused one-row matmuls,
-    the graph's wrapper in C++ without size asserts, and the thread count it ran with."""
+    quantlab's grouped attention (``attention.py``: fused into the graph for decode rows, SDPA for the prefill),
+    module guards skipped, half-precision linears as one-row products (``half_rows`` in C where it is
+    vectorized, else ``fused_row_matmul``), the graph's wrapper in C++ without size asserts, and the thread count it ran with."""
     if device.type == "cuda":
         return {"mode": "reduce-overhead", "dynamic": False, "inductor": {
             "coordinate_descent_tuning": True, "triton.unique_kernel_names": True, "fx_graph_cache": True}}
@@ -43,7 +46,7 @@ def compile_options(device: torch.device) -> dict[str, Any]:
     # of SmolLM2's shape 11-15% faster in three interleaved pairs of profile_decode.py runs (15.9 / 18.3,
     # 16.5 / 19.4, 13.9 / 15.6 ms).
     return {"mode": "default", "dynamic": False, "attention": ATTENTION, "module_guards": "skipped",
-            "half_linears": "fused_row_matmul", "threads": torch.get_num_threads(),
+            "half_linears": "half_rows" if half_rows.available() else "fused_row_matmul", "threads": torch.get_num_threads(),
             "inductor": {"fx_graph_cache": True, "realize_opcount_threshold": 4, "size_asserts": False,
                          "cpp_wrapper": True, "cpp_wrapper_build_separate": True}}
 
@@ -118,23 +121,29 @@ def _row_linear(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     if not use_fused_row_matmul(rows):
         return F.linear(x, self.weight, self.bias)
-    y = fused_row_matmul(rows, self.weight)
+    if getattr(self, "_half_rows", False) and half_rows.takes(rows, self.weight):
+        y = half_rows.matmul_op(rows, self.weight)
+    else:
+        y = fused_row_matmul(rows, self.weight)
     y = y if self.bias is None else y + self.bias.float()
     return y.to(x.dtype).reshape(*x.shape[:-1], -1)
 
 
 @contextlib.contextmanager
-def fused_row_linears(model: nn.Module) -> Any:
+def fused_row_linears(model: nn.Module, kernel: str = "fused_row_matmul") -> Any:
     """For the ``with`` block, the model's half-precision ``nn.Linear`` layers multiply a single row (a batch-1
-    decode step) by ``fused_row_matmul`` when compiled, which inductor turns into one loop over the weight;
-    otherwise, and after the block, ``F.linear`` as before. Yields the number of layers changed. Layers with an
-    accelerate hook (offloaded) keep their forward."""
+    decode step) when compiled by ``kernel``: ``half_rows`` (the C kernel, where ``half_rows.available()``) or
+    ``fused_row_matmul`` (which inductor turns into one loop over the weight); otherwise, and after the block,
+    ``F.linear`` as before. Yields the number of layers changed. Layers with an accelerate hook (offloaded) keep
+    their forward."""
+    c_rows = kernel == "half_rows" and half_rows.available()
     changed = [m for m in model.modules() if type(m) is nn.Linear and not hasattr(m, "_hf_hook")
                and m.weight.dtype in (torch.bfloat16, torch.float16) and "forward" not in vars(m)]
     for m in changed:
         m.forward = types.MethodType(_row_linear, m)
+        m._half_rows = c_rows
     try:
         yield len(changed)
     finally:
         for m in changed:
-            del m.forward
+            del m.forward, m._half_rows

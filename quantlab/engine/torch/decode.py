@@ -124,8 +124,9 @@ class DecodeEngine:
                 attention_implementation(self.model, self.options["attention"]))
         if self.compiled:
             self._context.enter_context(inductor_options(self.device, self.options["inductor"]))
-            if (self.options.get("half_linears") == "fused_row_matmul"
-                    and not self._context.enter_context(fused_row_linears(self.model))):
+            kernel = self.options.get("half_linears")
+            if (kernel in ("half_rows", "fused_row_matmul")
+                    and not self._context.enter_context(fused_row_linears(self.model, kernel))):
                 self.options["half_linears"] = "none in the model"
             self.step = compiled_step(self.model, self.device, self.options)
         return self

@@ -10,6 +10,7 @@ from quantlab import quantize_
 from quantlab.engine.torch import compiled
 from quantlab.engine.torch import decode as latency
 from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
+from quantlab.quant.kernels import half_rows
 
 CPU = torch.device("cpu")
 PROMPT, STEPS = 12, 4
@@ -38,7 +39,8 @@ def decoded_logits(engine: str, model: nn.Module) -> list[torch.Tensor]:
         if engine == "compiled":
             assert decode.options["attention"] == "quantlab" and model.config._attn_implementation == "quantlab"
             half = model.lm_head.weight.dtype == torch.bfloat16 if isinstance(model.lm_head, nn.Linear) else False
-            assert decode.options["half_linears"] == ("fused_row_matmul" if half else "none in the model")
+            kernel = "half_rows" if half_rows.available() else "fused_row_matmul"
+            assert decode.options["half_linears"] == (kernel if half else "none in the model")
         logits = logits_of(decode.generation())
         if engine == "compiled":  # one graph: a break anywhere in the step would keep the module guards
             assert decode.options["module_guards"] == "skipped"
