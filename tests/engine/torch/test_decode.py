@@ -29,7 +29,8 @@ def test_decode_record_names_the_cache_it_used_and_keeps_every_step(kv, options:
 
 
 def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuilding_the_history(monkeypatch) -> None:
-    # A decode row of a global layer goes through the C attention over the stored codes; no store is dequantized
+    # A decode row of a global layer goes through the C attention over the stored codes (and over the ring's
+    # 16-bit rows, by the same kernel's casts); no store is dequantized
     # (CodeStore.read) after the prefill, and the logits are those of the dynamic layers' dequantized history.
     from quantlab.engine.torch.decode import DecodeEngine, Generation
     from quantlab.kv import code_attention
@@ -57,7 +58,8 @@ def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuild
             gen.decode(1)
             got_logits.append(gen.logits.clone())
     layers = model.config.num_hidden_layers
-    assert reads == [] and len(kernel) == 2 * 6 * layers  # scores and values per layer and step
+    # scores and values per layer and step, for the stored codes and again for the ring's recent rows
+    assert reads == [] and len(kernel) == 2 * 2 * 6 * layers
     for step, (w, g) in enumerate(zip(want_logits, got_logits)):
         assert torch.allclose(g, w, atol=1e-5, rtol=1e-5), (step, (g - w).abs().max())
 
