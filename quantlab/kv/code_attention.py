@@ -193,9 +193,9 @@ def _head_scale(store: CodeStore, batch: int) -> torch.Tensor | float:
 def _visible(scores: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None, scaling: float,
              softcap: float | None) -> torch.Tensor:
     """``scores [b, hkv, g, n]`` scaled (and soft-capped), -inf where not ``valid [n]`` or masked out by ``mask
-    [b, 1, 1, n]`` (boolean, or added). Applied to each part before the parts are joined, so that inductor computes
-    the masks inside the join's loop instead of storing boolean rows of every position (stored one byte at a time,
-    about 20 us a layer at 4,096 positions)."""
+    [b, 1, 1, n]`` (boolean, or added). Applied to each part (stored slots, ring) on its own, so that inductor computes
+    the masks inside the softmax's loops instead of storing boolean rows of every position (stored one byte at a
+    time, about 20 us a layer at 4,096 positions)."""
     scores = scores * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -238,17 +238,22 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
             recent = torch.matmul(q, layer.keys.reshape(b * hkv, ring, d).float().transpose(1, 2))
         ring_mask = None if mask is None else mask[..., ring_position.clamp(max=mask.shape[-1] - 1)]
         parts.append(_visible(recent.view(b, hkv, g, ring), ring_position < length, ring_mask, scaling, softcap))
-    probs = torch.softmax(torch.cat(parts, -1), dim=-1).view(b * hkv, g, -1)
+    # the softmax part by part: one peak and one sum over both, the weighted values divided once at the end (no
+    # joined row of every slot written and copied back out in two slices)
+    peak = parts[0].amax(-1, keepdim=True) if len(parts) == 1 else torch.maximum(
+        parts[0].amax(-1, keepdim=True), parts[1].amax(-1, keepdim=True))
+    weights = [torch.exp(part - peak).view(b * hkv, g, -1) for part in parts]
+    total = sum(w.sum(-1, keepdim=True) for w in weights)
     dv = layer.v_head_dim
     out = torch.zeros(b * hkv, g, dv, dtype=torch.float32, device=query.device)
     if slots:
-        stored = values_op(*_store_args(layer.value_store), end, probs[..., :slots]) * _head_scale(layer.value_store, b)
+        stored = values_op(*_store_args(layer.value_store), end, weights[0]) * _head_scale(layer.value_store, b)
         out = out + layer.value_store.codec.rotation(stored)  # the rotation is its own inverse
     if ring:
         if dense_ring:
             every = torch.full((), ring, dtype=torch.int64)
-            out = out + values_op(CASTS[layer.values.dtype], 0, dv, dv, layer.values, None, None, every,
-                                  probs[..., slots:])
+            out = out + values_op(CASTS[layer.values.dtype], 0, dv, dv, layer.values, None, None, every, weights[-1])
         else:
-            out = out + torch.matmul(probs[..., slots:], layer.values.reshape(b * hkv, ring, dv).float())
+            out = out + torch.matmul(weights[-1], layer.values.reshape(b * hkv, ring, dv).float())
+    out = out / total
     return out.view(b, hq, 1, dv).transpose(1, 2).to(query.dtype).contiguous()

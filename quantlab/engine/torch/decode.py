@@ -128,7 +128,8 @@ class DecodeEngine:
             if (kernel in ("half_rows", "fused_row_matmul")
                     and not self._context.enter_context(fused_row_linears(self.model, kernel))):
                 self.options["half_linears"] = "none in the model"
-            self.step = compiled_step(self.model, self.device, self.options)
+            # every generation passes a cache of its own built alike (same format and length): not guarded
+            self.step = compiled_step(self.model, self.device, self.options, (cache_kwarg(self.model), CACHE_KWARG))
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,6 +2,8 @@
 grouped attention, module guards skipped and fused one-row matmuls, give the eager model's logits, for the
 native cache and every quantized KV format, without recompiling per position; models compiled in turn keep
 their own."""
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +12,7 @@ from quantlab import quantize_
 from quantlab.engine.torch import compiled
 from quantlab.engine.torch import decode as latency
 from quantlab.extend import KV_FORMATS, WEIGHT_FORMATS
+from quantlab.kv.code_attention import reads_dense
 from quantlab.quant.kernels import half_rows
 
 CPU = torch.device("cpu")
@@ -109,8 +112,12 @@ def test_every_quantized_kv_format_decodes_compiled_as_the_eager_model_with_that
             got, kernel_calls = logits_and_kernel_calls(gen)
             assert kv.cache_bytes(gen.cache) == kv.cache_bytes_analytic(model.config, 1, PROMPT + STEPS, torch.float32,
                                                                         static=True)
-            read = [layer for layer in gen.cache.layers if getattr(layer, "reads_codes", False) and layer.slots]
-            assert kernel_calls == 2 * (STEPS - 1) * len(read), (kv.label, kernel_calls)
+            attending = [layer for layer in gen.cache.layers if getattr(layer, "reads_codes", False)]
+            read = [layer for layer in attending if layer.slots]
+            # scores and values over the stored codes, and over a ring the kernel reads as floats
+            parts = sum(bool(layer.slots) + bool(layer.ring_len and reads_dense(layer.keys, layer.values))
+                        for layer in attending)
+            assert kernel_calls == 2 * (STEPS - 1) * parts, (kv.label, kernel_calls)
             assert bool(read) == (fields.get("residual_tokens") != 20), kv.label
         for e, g in zip(want, got):
             assert torch.allclose(g, e, atol=1e-5, rtol=1e-5), (kv.label, (g - e).abs().max())
@@ -161,6 +168,30 @@ def test_a_step_with_a_graph_break_keeps_its_module_guards() -> None:
             got = compiled.compiled_step(module, CPU, options)(x)
         assert options["module_guards"] == "kept (graph breaks)"
         assert torch.allclose(got, module(x), atol=1e-5), scale
+
+
+class Scaled(nn.Module):
+    """A step that reads a Python attribute of an object passed by keyword (as a cache's layers are read)."""
+
+    def forward(self, x: torch.Tensor, box: object = None) -> torch.Tensor:
+        return x * box.scale
+
+
+@pytest.mark.slow
+def test_guards_on_the_engines_own_keyword_arguments_are_skipped_and_the_others_kept() -> None:
+    # The attribute is traced in as a constant: guarded, a changed value compiles again; named in own_kwargs (the
+    # engine's static cache, built alike for every generation), its guard is gone and the first graph runs on.
+    assert compiled._root_kwarg("kwargs['cache'].layers[0].slots") == "cache"
+    assert compiled._root_kwarg("G['torch'].float32") is None
+    x = torch.ones(1, 4)
+    for own, expected in (((), 3.0), (("box",), 2.0)):
+        box = types.SimpleNamespace(scale=2.0)
+        torch._dynamo.reset()
+        with compiled.inductor_options(CPU):
+            step = compiled.compiled_step(Scaled(), CPU, compiled.compile_options(CPU), own)
+            assert torch.equal(step(x, box=box), 2 * x)
+            box.scale = 3.0
+            assert torch.equal(step(x, box=box), expected * x), own
 
 
 BLOCK_KV_CASES = [("nvfp4", dict(residual_tokens=4)), ("mxfp4", {}), ("mxfp8", dict(residual_tokens=4)),
