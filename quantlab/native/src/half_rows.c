@@ -7,15 +7,18 @@
    weight's bytes. With AVX512-BF16 and a bfloat16 weight, 32 values a turn are multiplied in pairs by vdpbf16ps
    (exact products, float32 sums); otherwise each 16 values are widened to float32 (a shift for bfloat16,
    vcvtph2ps for float16) and multiplied by FMA. Four weight rows are read at once (four independent streams in
-   flight); a row's lanes are summed at its end. Sums are float32 in a fixed order: the result does not depend on
-   the thread count. Compiled at first use with the machine's C compiler. */
+   flight; the vdpbf16ps path prefetches each 2 KB ahead); a row's lanes are summed at its end. A block's row
+   counts are constants (WITH_CONSTANT_ROWS, the last rows one at a time), so the accumulators stay in registers:
+   with a run-time count they were kept in memory and SmolLM2's head read at half the copy bandwidth. Sums are
+   float32 in a fixed order: the result does not depend on the thread count. Compiled at first use with the
+   machine's C compiler. */
 #include <stdlib.h>
 
 #include "common.h"
 
 #define ROW_BLOCK 4  /* weight rows read together */
 #ifndef HALF_ROWS_PREFETCH
-#define HALF_ROWS_PREFETCH 1024  /* values ahead in each row read into cache (2 KB: the copy engine keeps up) */
+#define HALF_ROWS_PREFETCH 1024  /* values ahead in a weight row fetched into cache (2 KB) */
 #endif
 
 static inline float half_value(uint16_t h, int kind) { return kind == BF16 ? bf16_to_float(h) : half_to_float(h); }
