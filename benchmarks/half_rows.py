@@ -15,26 +15,15 @@ the ratio to the bytes' bound (weight bytes / the copy bandwidth measured first)
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from linear_kernels import median_us
 
 from quantlab.engine.bandwidth import copy_bandwidth_bytes_per_s
 from quantlab.quant.kernels import half_rows
 from quantlab.quant.kernels.base import fused_row_matmul
 
-
-def _median_us(fn: Callable[[], object], repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e6 * statistics.median(times)
+CPU = torch.device("cpu")
 
 
 def main() -> None:
@@ -49,7 +38,7 @@ def main() -> None:
     if not half_rows.available():
         raise SystemExit("the half_rows kernel has no vectorized path on this CPU (it needs AVX-512)")
     dtype = getattr(torch, args.dtype)
-    bandwidth = copy_bandwidth_bytes_per_s(torch.device("cpu"))
+    bandwidth = copy_bandwidth_bytes_per_s(CPU)
     path = {2: "vdpbf16ps", 1: "AVX-512 FMA"}[half_rows.library().half_rows_path()] if dtype == torch.bfloat16 \
         else "AVX-512 FMA"
     print(f"{torch.get_num_threads()} thread(s), {args.dtype}, kernel path {path}, copy bandwidth "
@@ -69,7 +58,7 @@ def main() -> None:
         best = {name: float("inf") for name in paths}
         for _ in range(args.rounds):
             for name, fn in paths.items():
-                best[name] = min(best[name], _median_us(lambda: fn(weights[next(turn) % args.layers]), args.repeats))
+                best[name] = min(best[name], median_us(lambda: fn(weights[next(turn) % args.layers]), CPU, args.repeats))
         nbytes = weights[0].numel() * weights[0].element_size()
         bound_us = 1e6 * nbytes / bandwidth
         for name, us in best.items():

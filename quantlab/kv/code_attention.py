@@ -232,16 +232,14 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
         ring_slot = torch.arange(ring, device=query.device)
         ring_position = end + (ring_slot - end) % ring  # the position each ring slot holds
         if dense_ring:  # the ring as a store of b x hkv rows of ``ring`` slots
-            every = torch.full((), ring, dtype=torch.int64)
-            recent = scores_op(CASTS[layer.keys.dtype], 0, d, d, layer.keys, None, None, every, q)
+            recent = dense_scores(q.view(b, hkv, g, 1, d), layer.keys)
         else:
             recent = torch.matmul(q, layer.keys.reshape(b * hkv, ring, d).float().transpose(1, 2))
         ring_mask = None if mask is None else mask[..., ring_position.clamp(max=mask.shape[-1] - 1)]
         parts.append(_visible(recent.view(b, hkv, g, ring), ring_position < length, ring_mask, scaling, softcap))
     # the softmax part by part: one peak and one sum over both, the weighted values divided once at the end (no
     # joined row of every slot written and copied back out in two slices)
-    peak = parts[0].amax(-1, keepdim=True) if len(parts) == 1 else torch.maximum(
-        parts[0].amax(-1, keepdim=True), parts[1].amax(-1, keepdim=True))
+    peak = functools.reduce(torch.maximum, [part.amax(-1, keepdim=True) for part in parts])
     weights = [torch.exp(part - peak).view(b * hkv, g, -1) for part in parts]
     total = sum(w.sum(-1, keepdim=True) for w in weights)
     dv = layer.v_head_dim
@@ -251,8 +249,7 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
         out = out + layer.value_store.codec.rotation(stored)  # the rotation is its own inverse
     if ring:
         if dense_ring:
-            every = torch.full((), ring, dtype=torch.int64)
-            out = out + values_op(CASTS[layer.values.dtype], 0, dv, dv, layer.values, None, None, every, weights[-1])
+            out = out + dense_values(weights[-1].view(b, hkv, g, 1, ring), layer.values).view(b * hkv, g, dv)
         else:
             out = out + torch.matmul(weights[-1], layer.values.reshape(b * hkv, ring, dv).float())
     out = out / total
