@@ -10,6 +10,7 @@
    codes packed as a little-endian bit stream, zero_row_bytes per row (quantlab's packed layout), float zero points
    in code units stored like the scales (zero_row_bytes -1: HQQ's form), or absent (NULL: every zero is sym_zero).
    With AVX-512 a block's 32 codes become floats 16 to a register. Compiled at first use with the machine's C compiler. */
+#include <omp.h>
 #include <stdlib.h>
 
 #include "common.h"
@@ -180,61 +181,186 @@ static inline __attribute__((always_inline)) __m512i block_bf16(const uint8_t* b
     return v;
 }
 
-/* Output row n for R rows of x (bfloat16 [R, K]) through bfloat16 dot products: per block, the codes as
-   1 + code / 2^bits (exact) times the activations in pairs (vdpbf16ps: exact products, float32 sums), two blocks'
-   chains in flight; per group, sum(code x) = 2^bits (that sum - sum(x)), so the group adds
-   scale 2^bits (its sum) and the offset takes scale (2^bits + zero) sum(x). */
+/* Sixteen lanes of n (<= 16) 16-bit values at p as float32: float16 (F16) or bfloat16 (BF16); the rest 0. */
+static inline __m512 load16_half(const void* p, int kind, int n) {
+    __m256i h = _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), p);
+    if (kind == F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Sixteen lanes of n (<= 16) scales (or float zero points) stored like the scales, from entry i on, as float32. */
+static inline __m512 load16_scales(const void* scales, int kind, size_t i, int n) {
+    if (kind == F32) return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), (const float*)scales + i);
+    return load16_half((const uint16_t*)scales + i, kind, n);
+}
+
+/* The vpermb and vpmultishiftqb controls that take codes c .. c + 15 (c a multiple of 16) of a little-endian
+   `bits`-bit stream, from the 2 bits bytes at the stream's byte c bits / 8, to the low bits of 16 32-bit lanes:
+   lane j's qword holds the bytes from the one where code 2 (j / 2)'s bits start, and each of the lane's bytes takes
+   8 bits from code j's first bit on (the bits above the code are masked off after). */
+static inline void stream16_ctrl(int bits, __m512i* perm, __m512i* shift) {
+    uint8_t pm[64], sh[64];
+    for (int q = 0; q < 8; q++) {
+        int first = 2 * q * bits, b0 = first / 8;
+        for (int k = 0; k < 8; k++) {
+            pm[8 * q + k] = (uint8_t)(b0 + k < 16 ? b0 + k : 15);
+            int at = first - 8 * b0 + (k / 4) * bits + 8 * (k % 4);  /* byte k % 4 of lane 2q + k / 4 */
+            sh[8 * q + k] = (uint8_t)(at & 63);
+        }
+    }
+    *perm = _mm512_loadu_si512(pm);
+    *shift = _mm512_loadu_si512(sh);
+}
+
+/* Codes c .. c + n - 1 (c a multiple of 16, n <= 16) of a row's `bits`-bit stream as float32 lanes (the rest 0). */
+static inline __m512 load16_codes(const uint8_t* row, int c, int n, int bits, __m512i perm, __m512i shift) {
+    int bytes = (n * bits + 7) / 8;
+    __m128i raw = _mm_maskz_loadu_epi8((__mmask16)((1u << bytes) - 1), row + c * bits / 8);
+    __m512i v = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(perm, _mm512_castsi128_si512(raw)));
+    v = _mm512_maskz_and_epi32((__mmask16)((1u << n) - 1), v, _mm512_set1_epi32((1 << bits) - 1));
+    return _mm512_cvtepi32_ps(v);
+}
+
+/* Row n's per-group factors: into unit_scale[g] each group's scale times 2^bits, and into offset[r] the offset
+   term sum over groups of scale (2^bits + zero) sum(x), for R rows of x; sixteen groups a pass. */
+static inline __attribute__((always_inline)) void row_groups_bf16(
+        const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero, const float* xsum,
+        int n, int n_groups, int R, int bits, __m512i perm, __m512i shift, float* unit_scale, float* offset) {
+    const __m512 unit = _mm512_set1_ps((float)(1 << bits));
+    __m512 off[4];
+    for (int r = 0; r < R; r++) off[r] = _mm512_setzero_ps();
+    const uint8_t* zrow = zeros && zero_row_bytes > 0 ? zeros + (size_t)n * zero_row_bytes : NULL;
+    for (int g = 0; g < n_groups; g += 16) {
+        int m = n_groups - g < 16 ? n_groups - g : 16;
+        size_t gi = (size_t)n * n_groups + g;
+        __m512 s = load16_scales(scales, scale_kind, gi, m);
+        __m512 z = !zeros ? _mm512_set1_ps((float)sym_zero)
+                 : zrow ? load16_codes(zrow, g, m, bits, perm, shift) : load16_scales(zeros, scale_kind, gi, m);
+        _mm512_mask_storeu_ps(unit_scale + g, (__mmask16)((1u << m) - 1), _mm512_mul_ps(s, unit));
+        __m512 so = _mm512_mul_ps(s, _mm512_add_ps(unit, z));
+        for (int r = 0; r < R; r++)
+            off[r] = _mm512_fmadd_ps(so, _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), xsum + r * n_groups + g), off[r]);
+    }
+    for (int r = 0; r < R; r++) offset[r] = _mm512_reduce_add_ps(off[r]);
+}
+
+/* Output rows n .. n + NR - 1 for R rows of x (bfloat16 [R, K]) through bfloat16 dot products: per block, the
+   codes as 1 + code / 2^bits (exact) times the activations in pairs (vdpbf16ps: exact products, float32 sums), two
+   blocks' chains in flight and the NR weight rows sharing each activation load; per group, sum(code x) =
+   2^bits (that sum - sum(x)), so the group adds scale 2^bits (its sum), and the offset (row_groups_bf16) takes
+   scale (2^bits + zero) sum(x). GB, the blocks in a full group, is a constant where it is 1, 2 or 4 (0: group / 32). */
 static inline __attribute__((always_inline)) void row_bf16(
         const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
-        const uint16_t* xb16, const float* xsum, float* y, int n, int R, int N, int K, int bits, int group,
-        const __m512i* ctrl) {
+        const uint16_t* xb16, const float* xsum, float* y, int n, int NR, int R, int N, int K, int bits, int group,
+        int GB, const __m512i* ctrl, __m512i perm, __m512i shift, float* scratch) {
     int n_groups = (K + group - 1) / group, block_bytes = 4 * bits;
-    const float unit = (float)(1 << bits);
-    const uint8_t* row = w + (size_t)n * (K / 32) * block_bytes;
-    __m512 total[4];
-    float offset[4] = {0, 0, 0, 0};
-    for (int r = 0; r < R; r++) total[r] = _mm512_setzero_ps();
+    const int gb = GB ? GB : group / 32;
+    const uint8_t* row[2];
+    float* unit_scale[2] = {scratch, scratch + n_groups};
+    float offset[2][4];
+    __m512 total[2][4];
+    for (int i = 0; i < NR; i++) {
+        row[i] = w + (size_t)(n + i) * (K / 32) * block_bytes;
+        row_groups_bf16(scales, scale_kind, zeros, zero_row_bytes, sym_zero, xsum, n + i, n_groups, R, bits, perm,
+                        shift, unit_scale[i], offset[i]);
+        for (int r = 0; r < R; r++) total[i][r] = _mm512_setzero_ps();
+    }
     for (int g = 0; g < n_groups; g++) {
-        __m512 acc[4][2];
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        int b = g * group / 32, b1 = group_end(g, group, K) / 32;
+        __m512 acc[2][4][2];
+        for (int i = 0; i < NR; i++)
+            for (int r = 0; r < R; r++) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();
+        int b = g * gb, b1 = g + 1 < n_groups ? b + gb : K / 32;
         for (; b + 2 <= b1; b += 2) {
-            __m512i c0 = block_bf16(row + (size_t)b * block_bytes, bits, ctrl);
-            __m512i c1 = block_bf16(row + (size_t)(b + 1) * block_bytes, bits, ctrl);
+            __m512i x0[4], x1[4];
             for (int r = 0; r < R; r++) {
-                const uint16_t* xr = xb16 + (size_t)r * K + b * 32;
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)c0, (__m512bh)_mm512_loadu_si512(xr));
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)c1, (__m512bh)_mm512_loadu_si512(xr + 32));
+                x0[r] = _mm512_loadu_si512(xb16 + (size_t)r * K + b * 32);
+                x1[r] = _mm512_loadu_si512(xb16 + (size_t)r * K + b * 32 + 32);
+            }
+            for (int i = 0; i < NR; i++) {
+                __m512i c0 = block_bf16(row[i] + (size_t)b * block_bytes, bits, ctrl);
+                __m512i c1 = block_bf16(row[i] + (size_t)(b + 1) * block_bytes, bits, ctrl);
+                for (int r = 0; r < R; r++) {
+                    acc[i][r][0] = _mm512_dpbf16_ps(acc[i][r][0], (__m512bh)c0, (__m512bh)x0[r]);
+                    acc[i][r][1] = _mm512_dpbf16_ps(acc[i][r][1], (__m512bh)c1, (__m512bh)x1[r]);
+                }
             }
         }
         if (b < b1) {
-            __m512i c0 = block_bf16(row + (size_t)b * block_bytes, bits, ctrl);
-            for (int r = 0; r < R; r++)
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)c0, (__m512bh)_mm512_loadu_si512(xb16 + (size_t)r * K + b * 32));
+            for (int i = 0; i < NR; i++) {
+                __m512i c0 = block_bf16(row[i] + (size_t)b * block_bytes, bits, ctrl);
+                for (int r = 0; r < R; r++)
+                    acc[i][r][0] = _mm512_dpbf16_ps(acc[i][r][0], (__m512bh)c0,
+                                                    (__m512bh)_mm512_loadu_si512(xb16 + (size_t)r * K + b * 32));
+            }
         }
-        size_t gi = (size_t)n * n_groups + g;
-        float s = load_scale(scales, scale_kind, gi), z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
-        __m512 vs = _mm512_set1_ps(s * unit);
-        for (int r = 0; r < R; r++) {
-            total[r] = _mm512_fmadd_ps(vs, _mm512_add_ps(acc[r][0], acc[r][1]), total[r]);
-            offset[r] += s * (unit + z) * xsum[r * n_groups + g];
+        for (int i = 0; i < NR; i++) {
+            __m512 vs = _mm512_set1_ps(unit_scale[i][g]);
+            for (int r = 0; r < R; r++)
+                total[i][r] = _mm512_fmadd_ps(vs, _mm512_add_ps(acc[i][r][0], acc[i][r][1]), total[i][r]);
         }
     }
-    for (int r = 0; r < R; r++) y[(size_t)r * N + n] = _mm512_reduce_add_ps(total[r]) - offset[r];
+    for (int i = 0; i < NR; i++)
+        for (int r = 0; r < R; r++) y[(size_t)r * N + n + i] = _mm512_reduce_add_ps(total[i][r]) - offset[i][r];
+}
+
+/* One product's operands, as rows_bf16 hands them to each thread's range of output rows. */
+typedef struct {
+    const uint8_t* w; const void* scales; const uint8_t* zeros; const uint16_t* xb16; const float* xsum; float* y;
+    int scale_kind, zero_row_bytes, sym_zero, N, K, group;
+    __m512i ctrl[3], perm, shift;
+} bf16_job;
+
+/* Output rows [n0, n1), two weight rows at a time where R (rows of x) is 1 or 2; R, BITS and GB are compile-time
+   constants at each call. */
+static inline __attribute__((always_inline)) void range_bf16(bf16_job job, int n0, int n1, float* scratch, int R,
+                                                             int BITS, int GB) {
+    int n = n0;
+    if (R <= 2)
+        for (; n + 2 <= n1; n += 2)
+            row_bf16(job.w, job.scales, job.scale_kind, job.zeros, job.zero_row_bytes, job.sym_zero, job.xb16, job.xsum,
+                     job.y, n, 2, R, job.N, job.K, BITS, job.group, GB, job.ctrl, job.perm, job.shift, scratch);
+    for (; n < n1; n++)
+        row_bf16(job.w, job.scales, job.scale_kind, job.zeros, job.zero_row_bytes, job.sym_zero, job.xb16, job.xsum,
+                 job.y, n, 1, R, job.N, job.K, BITS, job.group, GB, job.ctrl, job.perm, job.shift, scratch);
+}
+
+/* One function per (rows of x, bits, blocks per group): each compiled on its own with its constants, so its loops
+   unroll and its registers are allocated for it alone. Blocks per group are a constant (1, 2, 4: groups of 32, 64,
+   128) for a single row of x at 2-4 bits, a decode step's common case; 0 (group / 32 at run time) otherwise. */
+typedef void (*range_fn)(bf16_job, int, int, float*);
+#define RANGE(RR, B, G) static __attribute__((noinline)) void range_##RR##_##B##_##G(bf16_job j, int n0, int n1, float* s) \
+    { range_bf16(j, n0, n1, s, RR, B, G); }
+#define RANGES(RR) RANGE(RR, 1, 0) RANGE(RR, 2, 0) RANGE(RR, 3, 0) RANGE(RR, 4, 0) RANGE(RR, 5, 0) RANGE(RR, 6, 0) RANGE(RR, 7, 0)
+RANGES(1) RANGES(2) RANGES(3) RANGES(4)
+RANGE(1, 2, 1) RANGE(1, 2, 2) RANGE(1, 2, 4) RANGE(1, 3, 1) RANGE(1, 3, 2) RANGE(1, 3, 4) RANGE(1, 4, 1) RANGE(1, 4, 2) RANGE(1, 4, 4)
+#define ROW_OF(RR) {range_##RR##_1_0, range_##RR##_2_0, range_##RR##_3_0, range_##RR##_4_0, range_##RR##_5_0, \
+                    range_##RR##_6_0, range_##RR##_7_0}
+static const range_fn ANY_GROUP[4][7] = {ROW_OF(1), ROW_OF(2), ROW_OF(3), ROW_OF(4)};
+static const range_fn ONE_ROW[3][3] = {{range_1_2_1, range_1_2_2, range_1_2_4}, {range_1_3_1, range_1_3_2, range_1_3_4},
+                                       {range_1_4_1, range_1_4_2, range_1_4_4}};
+#undef ROW_OF
+#undef RANGES
+#undef RANGE
+
+static range_fn pick_range(int R, int bits, int gb) {
+    if (R == 1 && bits >= 2 && bits <= 4 && (gb == 1 || gb == 2 || gb == 4)) return ONE_ROW[bits - 2][gb == 4 ? 2 : gb - 1];
+    return ANY_GROUP[R - 1][bits - 1];
 }
 
 static void rows_bf16(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes,
                       int sym_zero, const uint16_t* xb16, const float* xsum, float* y, int R, int N, int K, int bits, int group) {
-    __m512i ctrl[3];
-    for (int p = 0; p < bits / 2; p++) ctrl[p] = plane_ctrl16(7 - bits + 2 * p);
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-#define CALL(RR, B) row_bf16(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xb16, xsum, y, n, RR, N, K, B, group, ctrl)
-#define ROWS(RR) do { switch (bits) { case 1: CALL(RR, 1); break; case 2: CALL(RR, 2); break; case 3: CALL(RR, 3); break; \
-            case 4: CALL(RR, 4); break; case 5: CALL(RR, 5); break; case 6: CALL(RR, 6); break; default: CALL(RR, 7); } } while (0)
-        WITH_CONSTANT_ROWS(R, ROWS);
-#undef ROWS
-#undef CALL
+    bf16_job job = {w, scales, zeros, xb16, xsum, y, scale_kind, zero_row_bytes, sym_zero, N, K, group};
+    for (int p = 0; p < bits / 2; p++) job.ctrl[p] = plane_ctrl16(7 - bits + 2 * p);
+    stream16_ctrl(bits, &job.perm, &job.shift);
+    const int n_groups = (K + group - 1) / group;
+    const range_fn range = pick_range(R, bits, group % 32 ? 0 : group / 32);
+    /* each thread a range of whole pairs of rows */
+    #pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num(), pairs = (N + 1) / 2;
+        const int n0 = 2 * (pairs * t / nt), n1 = t + 1 == nt ? N : 2 * (pairs * (t + 1) / nt);
+        float scratch[2 * n_groups];  /* two rows' scales x 2^bits, once per thread */
+        if (n1 > n0) range(job, n0, n1, scratch);
     }
 }
 #endif
@@ -265,6 +391,20 @@ static void rows_scalar(const uint8_t* w, const void* scales, int scale_kind, co
     }
 }
 
+/* Each group's sum of x for R rows of x [R, K], float32 (x_bf16 0) or bfloat16 (1), in column order. */
+static void group_sums(const void* x, int x_bf16, int R, int K, int group, float* xsum) {
+    int n_groups = (K + group - 1) / group;
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < n_groups; g++) {
+            float s = 0;
+            for (int k = g * group, e = group_end(g, group, K); k < e; k++) {
+                size_t i = (size_t)r * K + k;
+                s += x_bf16 ? bf16_to_float(((const uint16_t*)x)[i]) : ((const float*)x)[i];
+            }
+            xsum[r * n_groups + g] = s;
+        }
+}
+
 /* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
 void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
                      const float* x, float* y, int M, int N, int K, int bits, int group) {
@@ -280,12 +420,7 @@ void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const
     for (int m0 = 0; m0 < M; m0 += 4) {
         int R = M - m0 < 4 ? M - m0 : 4;
         const float* xr = x + (size_t)m0 * K;
-        for (int r = 0; r < R; r++)
-            for (int g = 0; g < n_groups; g++) {
-                float s = 0;
-                for (int k = g * group, e = group_end(g, group, K); k < e; k++) s += xr[(size_t)r * K + k];
-                xsum[r * n_groups + g] = s;
-            }
+        group_sums(xr, 0, R, K, group, xsum);
         float* yr = y + (size_t)m0 * N;
 #ifdef BITPLANE_BF16
         if (xb16) {
@@ -303,6 +438,32 @@ void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const
 #ifdef BITPLANE_BF16
     free(xb16);
 #endif
+}
+
+/* The same product with x [M, K] given as bfloat16 (a bf16 model's activations as they are, so a compiled graph
+   rounds them to bfloat16 before the call, as the eager model does): bfloat16 dot products where the CPU has them
+   (and the codes are below 8 bits), else x widened to float32 for the product above. Returns 0, or -1 when memory
+   for the widened copy cannot be had. */
+int bitplane_matmul_bf16(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes,
+                         int sym_zero, const uint16_t* x, float* y, int M, int N, int K, int bits, int group) {
+#ifdef BITPLANE_BF16
+    if (bits < 8) {
+        float xsum[4 * ((K + group - 1) / group)];
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int R = M - m0 < 4 ? M - m0 : 4;
+            group_sums(x + (size_t)m0 * K, 1, R, K, group, xsum);
+            rows_bf16(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, x + (size_t)m0 * K, xsum, y + (size_t)m0 * N,
+                      R, N, K, bits, group);
+        }
+        return 0;
+    }
+#endif
+    float* xf = malloc((size_t)M * K * sizeof(float));
+    if (!xf) return -1;
+    for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
+    bitplane_matmul(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xf, y, M, N, K, bits, group);
+    free(xf);
+    return 0;
 }
 
 #ifdef __AVX2__

@@ -141,11 +141,15 @@ class FusedRowsKernel(Kernel):
     perplexity windows), which then use the dense matmul. Subclasses give ``fused`` and ``rows``."""
 
     max_fused_rows: ClassVar[int] = 8  # rows of x up to which the fused product beats dequantize+matmul (2 cores)
+    # the activation dtypes ``fused`` takes as they are (others are widened to float32 first): a kernel that takes
+    # bfloat16 gets a bf16 model's activations rounded as the eager model rounds them, also in a compiled graph
+    # (where inductor would otherwise fold the widening into the producer and pass unrounded float32)
+    fused_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
     cpu_block_elements: ClassVar[int] = 1 << 19  # dense elements per block of rows for longer inputs
     shape: tuple[int, int]
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [M, in]`` float32 times the weight, transposed: ``[M, out]`` float32."""
+        """``x [M, in]`` (float32, or one of ``fused_dtypes``) times the weight, transposed: ``[M, out]`` float32."""
         raise NotImplementedError
 
     def rows(self, row0: int, row1: int, dtype: torch.dtype) -> torch.Tensor:
@@ -159,7 +163,7 @@ class FusedRowsKernel(Kernel):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.shape[1])
         if x2.shape[0] <= self.max_fused_rows:
-            y = self.fused(x2.float())
+            y = self.fused(x2 if x2.dtype in self.fused_dtypes else x2.float())
         else:
             dense = x.dtype if x.dtype in OUT_KINDS else torch.float32
             y = linear_in_row_blocks(x2.to(dense), lambda start, stop: self.rows(start, stop, dense), self.shape,

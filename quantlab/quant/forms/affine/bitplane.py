@@ -60,9 +60,10 @@ def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The built ``bitplane`` library (``flags``: extra compiler options, ``native.load``)."""
     lib = native.load("bitplane", flags)
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.bitplane_matmul.argtypes = [p, p, i, p, i, i, p, p, i, i, i, i, i]
+    lib.bitplane_matmul.argtypes = lib.bitplane_matmul_bf16.argtypes = [p, p, i, p, i, i, p, p, i, i, i, i, i]
     lib.bitplane_dequantize.argtypes = [p, p, i, p, i, i, p, i, i, i, i, i, i]
     lib.bitplane_matmul.restype = lib.bitplane_dequantize.restype = None
+    lib.bitplane_matmul_bf16.restype = i
     return lib
 
 
@@ -76,12 +77,16 @@ def _zeros(zeros: torch.Tensor | None) -> tuple[int | None, int]:
 
 def bitplane_matmul(x: torch.Tensor, planes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                     bits: int, group: int) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the bit-plane weight ``[out, in]``, transposed: ``[M, out]`` float32."""
-    x = x.contiguous()
+    """``x [M, in]`` (float32, or bfloat16 as a bf16 model's activations are) times the bit-plane weight
+    ``[out, in]``, transposed: ``[M, out]`` float32."""
+    x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
     m, n_in = x.shape
     y = torch.empty(m, planes.shape[0], dtype=torch.float32)
-    library().bitplane_matmul(planes.data_ptr(), scales.data_ptr(), SCALE_KINDS[scales.dtype], *_zeros(zeros),
-                               1 << (bits - 1), x.data_ptr(), y.data_ptr(), m, planes.shape[0], n_in, bits, group)
+    lib = library()
+    product = lib.bitplane_matmul_bf16 if x.dtype == torch.bfloat16 else lib.bitplane_matmul
+    if product(planes.data_ptr(), scales.data_ptr(), SCALE_KINDS[scales.dtype], *_zeros(zeros), 1 << (bits - 1),
+               x.data_ptr(), y.data_ptr(), m, planes.shape[0], n_in, bits, group):
+        raise MemoryError("bitplane_matmul: out of memory")
     return y
 
 
@@ -116,6 +121,7 @@ class BitplaneCPUKernel(FusedRowsKernel):
 
     path = "bitplane_cpu"
     preference = 50
+    fused_dtypes = (torch.float32, torch.bfloat16)
     tensor_type = (QuantizedTensor, FloatZeroTensor)
 
     def __init__(self, q: QuantizedTensor | FloatZeroTensor, dtype: torch.dtype) -> None:

@@ -60,8 +60,9 @@ def test_matmul_agrees_with_the_dequantized_reference(bits, group_size, symmetri
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13])
 def test_bfloat16_activations_agree_within_float32_rounding(bits, group_size, symmetric, rows) -> None:
     # a bf16 model's activations are all bfloat16: the kernel multiplies them with the codes in bfloat16 dot
-    # products where the CPU has them (exact products, float32 sums), and the result is float32's
-    q = quantize_tensor(_weight(), bits, group_size, symmetric)
+    # products where the CPU has them (exact products, float32 sums), and the result is float32's; 97 outputs: the
+    # kernel takes weight rows two at a time, so the last one comes alone
+    q = quantize_tensor(_weight(out=97), bits, group_size, symmetric)
     x = _x(rows=rows).bfloat16().float()
     y = BitplaneCPUKernel(q, torch.bfloat16).fused(x).double()
     assert rel_error(y, x.double() @ q.dequantize().double().T) < 1e-5
@@ -107,9 +108,10 @@ def test_act_order_columns_are_gathered_into_contiguous_groups() -> None:
     assert rel_error(kernel.dequantize(), q.dequantize()) < 1e-6
 
 
-def test_the_result_does_not_depend_on_the_thread_count() -> None:
-    kernel = BitplaneCPUKernel(quantize_tensor(_weight(), 3, 128), torch.float32)
-    x = _x(rows=2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: its rows split between threads in pairs
+def test_the_result_does_not_depend_on_the_thread_count(dtype: torch.dtype) -> None:
+    kernel = BitplaneCPUKernel(quantize_tensor(_weight(out=97), 3, 128), dtype)
+    x = _x(rows=2, dtype=dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -127,6 +129,26 @@ def test_batched_inputs_keep_their_shape_and_torch_compile_captures_the_ops() ->
     for rows in (1, 16):  # the fused op and the dense path, each without a graph break
         x = _x(rows=rows)
         assert torch.allclose(compiled(x), kernel(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_graph_hands_the_product_a_bf16_models_activations_in_bfloat16() -> None:
+    # inductor folds a widening into the op that produced its input: given float32, the product would get the
+    # norm's unrounded float32 output and miss the bfloat16 dot products; asked for bf16, the graph rounds first
+    kernel = BitplaneCPUKernel(quantize_tensor(_weight(), 3, 128), torch.bfloat16)
+    seen: list[torch.dtype] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> object:
+        seen.extend(node.args[0].meta["example_value"].dtype for node in gm.graph.nodes
+                    if node.target is kernel_bitplane.matmul_op)
+        return gm.forward
+
+    def norm_then_product(x: torch.Tensor) -> torch.Tensor:
+        return kernel(torch.nn.functional.rms_norm(x, (576,)))
+
+    x = _x(dtype=torch.bfloat16)
+    y = torch.compile(norm_then_product, backend=backend, fullgraph=True)(x)
+    assert seen == [torch.bfloat16]
+    assert torch.equal(y, norm_then_product(x))
 
 
 def test_without_a_compiler_the_choice_passes_on(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
