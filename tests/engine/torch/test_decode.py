@@ -146,6 +146,26 @@ def test_a_generation_longer_than_its_static_cache_is_refused_before_it_runs() -
         gen.decode(1)
 
 
+def test_the_prefill_computes_the_head_for_the_last_position_only_and_takes_its_argmax() -> None:
+    """As generate() and llama.cpp do: the other positions' logits are never used, and for a large vocabulary the
+    head over every prompt position costs more than the rest of the prefill."""
+    from quantlab.engine.torch.decode import Generation
+
+    model = make_llama()
+    rows: list[int] = []
+    model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
+    gen = Generation(model, KV_FORMATS["native"].build(), CPU)
+    gen.prefill(ids)
+    logits, token = gen.logits.clone(), gen.token.item()
+    gen.decode(2)
+    assert rows == [1, 1, 1]
+    with torch.inference_mode():
+        full = model(input_ids=ids).logits[:, -1]
+    assert torch.allclose(logits.float(), full.float(), atol=1e-5, rtol=1e-4)
+    assert token == full.argmax(-1).item()
+
+
 def test_a_model_whose_token_embedding_is_held_in_ggml_blocks_is_measured() -> None:
     """A named GGUF mix of a tied model looks its tokens up in the head's blocks (a module with no ``weight``):
     decoding reads the cache's dtype from the lookup's output."""
