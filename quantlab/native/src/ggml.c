@@ -226,36 +226,84 @@ static void unpack_q4_Kx8(const block_q4_Kx8 * in, int j, block_q4_K * out) {
     }
 }
 
+/* Row r of an interleaved tensor back as its original blocks, into out (one row's bytes). */
+static void unpack_row(int type, const uint8_t * src, int64_t r, int64_t n_in, uint8_t * out) {
+    const int64_t g = r / 8;
+    const int j = (int)(r % 8);
+    if (type == T_Q4_K) {
+        const int64_t nb = n_in / QK_K;
+        const block_q4_Kx8 * in = (const block_q4_Kx8 *)src + g * nb;
+        for (int64_t b = 0; b < nb; ++b) unpack_q4_Kx8(in + b, j, (block_q4_K *)out + b);
+    } else {
+        const int64_t nb = n_in / QK4_0;
+        const block_q4_0x8 * in = (const block_q4_0x8 *)src + g * nb;
+        block_q4_0 * o = (block_q4_0 *)out;
+        const uint64_t flip = type == T_Q4_0 ? 0x8888888888888888ULL : 0;
+        for (int64_t b = 0; b < nb; ++b) {
+            o[b].d = in[b].d[j];
+            for (int k = 0; k < QK4_0 / 16; ++k) {
+                uint64_t e;
+                memcpy(&e, in[b].qs + (k * 8 + j) * 8, 8);
+                e ^= flip;
+                memcpy(o[b].qs + k * 8, &e, 8);
+            }
+        }
+    }
+}
+
+static int64_t unpacked_row_bytes(int type, int64_t n_in) {
+    return type == T_Q4_K ? n_in / QK_K * (int64_t)sizeof(block_q4_K) : n_in / QK4_0 * (int64_t)sizeof(block_q4_0);
+}
+
 /* Rows [row0, row1) of an interleaved tensor back as the original blocks (row_bytes each) into dst: the inverse of
  * ggml_repack_rows, byte for byte. */
 int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0, int64_t row1, int64_t n_in) {
     if (!ggml_repack_available(type)) return -1;
+    const int64_t row_bytes = unpacked_row_bytes(type, n_in);
     #pragma omp parallel for schedule(static)
-    for (int64_t r = row0; r < row1; ++r) {
-        const int64_t g = r / 8;
-        const int j = (int)(r % 8);
-        if (type == T_Q4_K) {
-            const int64_t nb = n_in / QK_K;
-            const block_q4_Kx8 * in = (const block_q4_Kx8 *)src + g * nb;
-            block_q4_K * out = (block_q4_K *)dst + (r - row0) * nb;
-            for (int64_t b = 0; b < nb; ++b) unpack_q4_Kx8(in + b, j, out + b);
-        } else {
-            const int64_t nb = n_in / QK4_0;
-            const block_q4_0x8 * in = (const block_q4_0x8 *)src + g * nb;
-            block_q4_0 * out = (block_q4_0 *)dst + (r - row0) * nb;
-            const uint64_t flip = type == T_Q4_0 ? 0x8888888888888888ULL : 0;
-            for (int64_t b = 0; b < nb; ++b) {
-                out[b].d = in[b].d[j];
-                for (int k = 0; k < QK4_0 / 16; ++k) {
-                    uint64_t e;
-                    memcpy(&e, in[b].qs + (k * 8 + j) * 8, 8);
-                    e ^= flip;
-                    memcpy(out[b].qs + k * 8, &e, 8);
+    for (int64_t r = row0; r < row1; ++r) unpack_row(type, src, r, n_in, dst + (r - row0) * row_bytes);
+    return 0;
+}
+
+/* Rows [row0, row1) of an interleaved tensor as float32 (bf16 0) or bfloat16 (bf16 1, rounded to nearest even as
+ * torch rounds) into dst [row1 - row0, n_in]: each row unpacked and dequantized by ggml's dequantizer in one pass
+ * (prefill's row blocks), the same values as ggml_unpack_rows, then ggml_dequantize_rows, then the rounding.
+ * Returns 0, -1 for a type without the layout, -2 when scratch memory cannot be had. */
+int ggml_dequantize_repacked_rows(int type, const uint8_t * src, void * dst, int bf16, int64_t row0, int64_t row1,
+                                  int64_t n_in) {
+    if (!ggml_repack_available(type)) return -1;
+    const dequantize_fn f = dequantizer(type);
+    const int64_t row_bytes = unpacked_row_bytes(type, n_in);
+    int failed = 0;
+    #pragma omp parallel
+    {
+        uint8_t * blocks = malloc(row_bytes);
+        float * values = bf16 ? malloc(n_in * sizeof(float)) : NULL;
+        if (!blocks || (bf16 && !values)) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        if (!failed) {
+            #pragma omp for schedule(static)
+            for (int64_t r = row0; r < row1; ++r) {
+                unpack_row(type, src, r, n_in, blocks);
+                float * v = bf16 ? values : (float *)dst + (r - row0) * n_in;
+                f(blocks, v, n_in);
+                if (bf16) {
+                    uint16_t * o = (uint16_t *)dst + (r - row0) * n_in;
+                    for (int64_t k = 0; k < n_in; ++k) {  /* finite values: round to nearest even */
+                        uint32_t u;
+                        memcpy(&u, v + k, 4);
+                        o[k] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+                    }
                 }
             }
         }
+        free(blocks);
+        free(values);
     }
-    return 0;
+    return failed ? -2 : 0;
 }
 
 /* y [m, out] = x [m, in] times the interleaved weight's rows, transposed, as llama.cpp's repacked CPU path computes
@@ -295,6 +343,10 @@ int ggml_repack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t nrow,
 }
 int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0, int64_t row1, int64_t n_in) {
     (void)type; (void)src; (void)dst; (void)row0; (void)row1; (void)n_in; return -1;
+}
+int ggml_dequantize_repacked_rows(int type, const uint8_t * src, void * dst, int bf16, int64_t row0, int64_t row1,
+                                  int64_t n_in) {
+    (void)type; (void)src; (void)dst; (void)bf16; (void)row0; (void)row1; (void)n_in; return -1;
 }
 int ggml_matmul_repacked(int type, const uint8_t * w, const float * x, float * y, int64_t m, int64_t out,
                          int64_t n_in, int64_t row_bytes, uint8_t * scratch) {

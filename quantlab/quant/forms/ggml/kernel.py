@@ -43,10 +43,11 @@ def _library() -> ctypes.CDLL:
     lib.ggml_repack_available.argtypes = [i]
     lib.ggml_repack_rows.argtypes = [i, p, p, i64, i64]
     lib.ggml_unpack_rows.argtypes = [i, p, p, i64, i64, i64]
+    lib.ggml_dequantize_repacked_rows.argtypes = [i, p, p, i, i64, i64, i64]
     lib.ggml_matmul_repacked.argtypes = [i, p, p, p, i64, i64, i64, i64, p]
     for f in (lib.ggml_quantize_rows, lib.ggml_dequantize_rows, lib.ggml_matmul, lib.ggml_matmul_q8,
               lib.ggml_dot_available, lib.ggml_repack_available, lib.ggml_repack_rows, lib.ggml_unpack_rows,
-              lib.ggml_matmul_repacked):
+              lib.ggml_matmul_repacked, lib.ggml_dequantize_repacked_rows):
         f.restype = ctypes.c_int
     return lib
 
@@ -175,8 +176,18 @@ def ggml_matmul_repacked(x: torch.Tensor, packed: torch.Tensor, ggml_id: int) ->
 
 def ggml_dequantize_repacked(packed: torch.Tensor, ggml_type: str, n_in: int, row0: int, row1: int,
                              dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``[row0, row1)`` of a repacked weight as ``dtype``: unpacked, then ggml's dequantizer."""
-    return dequantize_blocks(unpack_blocks(packed, ggml_type, n_in, row0, row1), ggml_type, n_in).to(dtype)
+    """Rows ``[row0, row1)`` of a repacked weight as ``dtype``: each row unpacked, then ggml's dequantizer, then
+    (bfloat16) rounded, in one pass in C."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return ggml_dequantize_repacked(packed, ggml_type, n_in, row0, row1, torch.float32).to(dtype)
+    out = torch.empty(max(row1 - row0, 0), n_in, dtype=dtype)
+    if out.numel():
+        failed = _library().ggml_dequantize_repacked_rows(GGML_TYPES[ggml_type].ggml_id, packed.data_ptr(),
+                                                          out.data_ptr(), dtype == torch.bfloat16, row0, row1, n_in)
+        if failed:
+            raise MemoryError("ggml_dequantize_repacked: no scratch memory") if failed == -2 else \
+                UnsupportedError(f"{ggml_type} has no repacked layout in this build")
+    return out
 
 
 @functools.cache

@@ -11,7 +11,9 @@ from quantlab.quant.forms.ggml.kernel import (
     GGMLCPUKernel,
     GGMLQ8CPUKernel,
     GGMLRepackCPUKernel,
+    dequantize_blocks,
     dot_products_available,
+    ggml_dequantize_repacked,
     ggml_matmul_q8,
     quantize_ggml,
     repack_available,
@@ -136,6 +138,21 @@ def test_repacking_is_undone_byte_for_byte(kind: str, out: int) -> None:
     assert packed.shape == raw.shape and not torch.equal(packed, raw)
     assert torch.equal(unpack_blocks(packed, kind, n_in), raw)
     assert torch.equal(unpack_blocks(packed, kind, n_in, 3, out - 2), raw[3:out - 2])  # rows off the groups of 8
+
+
+@needs_repack
+@pytest.mark.parametrize("kind", REPACKED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_prefill_rows_of_a_repacked_weight_are_the_unpacked_blocks_dequantized_bit_for_bit(kind: str,
+                                                                                          dtype: torch.dtype) -> None:
+    # one pass in C (unpack, ggml's dequantizer, rounding) against the three steps it fuses, rows off the groups of 8
+    n_in = _n_in(kind)
+    q = quantize_ggml(_weight(40, n_in) * torch.logspace(-3, 2, n_in), kind)  # scales across the bf16 range
+    packed = repack_blocks(q.blocks, kind, n_in)
+    expected = dequantize_blocks(unpack_blocks(packed, kind, n_in, 3, 37), kind, n_in).to(dtype)
+    got = ggml_dequantize_repacked(packed, kind, n_in, 3, 37, dtype)
+    assert got.dtype == dtype and torch.equal(got, expected)
+    assert ggml_dequantize_repacked(packed, kind, n_in, 5, 5, dtype).shape == (0, n_in)
 
 
 @needs_repack
