@@ -181,13 +181,15 @@ static inline __attribute__((always_inline)) void row_avx512(int n,
 #define LUT4_BF16 1
 /* x [R, K] as bfloat16 in the order row_bf16 reads it: each 128 values as four runs of 32, x[4w + j] at position
    w of run j (the codes of 64 bytes as four nibble shifts of their 32 words pick them); K up to Kp with zeros. */
-static void arrange_bf16(const float* x, uint16_t* xs, int R, int K, int Kp) {
+static void arrange_bf16(const void* x, int x_bf16, uint16_t* xs, int R, int K, int Kp) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < Kp; c += 128)
             for (int j = 0; j < 4; j++)
                 for (int i = 0; i < 32; i++) {
                     int k = c + 4 * i + j;
-                    xs[(size_t)r * Kp + c + 32 * j + i] = k < K ? float_to_bf16(x[(size_t)r * K + k]) : 0;
+                    size_t at = (size_t)r * K + k;
+                    xs[(size_t)r * Kp + c + 32 * j + i] =
+                        k >= K ? 0 : x_bf16 ? ((const uint16_t*)x)[at] : float_to_bf16(((const float*)x)[at]);
                 }
 }
 
@@ -250,15 +252,16 @@ static inline __attribute__((always_inline)) void row_bf16(int n,
     }
 }
 
-/* lut4_matmul through row_bf16 where it applies (microscaling blocks, a table and activations all bfloat16);
-   returns 0 where it does not, having done nothing. */
+/* lut4_matmul through row_bf16 where it applies (microscaling blocks, a table and activations all bfloat16: x
+   float32 holding bfloat16 values, or bfloat16 itself, x_bf16 1); returns 0 where it does not, having done nothing. */
 static int matmul_bf16(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
-                       const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
-    if ((block != 16 && block != 32) || !all_bf16(lut, 16) || !all_bf16(x, (size_t)M * K)) return 0;
+                       const float* dmap, const float* lut, const void* x, int x_bf16, float* y, int M, int N, int K,
+                       int block) {
+    if ((block != 16 && block != 32) || !all_bf16(lut, 16) || (!x_bf16 && !all_bf16(x, (size_t)M * K))) return 0;
     int Kp = (K + 127) / 128 * 128;
     uint16_t* xs = malloc((size_t)M * Kp * sizeof(uint16_t));
     if (!xs) return 0;
-    arrange_bf16(x, xs, M, K, Kp);
+    arrange_bf16(x, x_bf16, xs, M, K, Kp);
     uint16_t t[32];
     for (int i = 0; i < 32; i++) t[i] = float_to_bf16(lut[i & 15]);
     const __m512i table = _mm512_loadu_si512(t);
@@ -303,7 +306,7 @@ static void rows_scalar(const uint8_t* w, const void* absmax, int kind, const fl
 void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
                  const float* dmap, const float* lut, const float* x, float* y, int M, int N, int K, int block) {
 #ifdef LUT4_BF16
-    if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, y, M, N, K, block)) return;
+    if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, 0, y, M, N, K, block)) return;
 #endif
 #ifdef __AVX512F__
     float* xs = malloc((size_t)M * K * sizeof(float));
@@ -339,6 +342,22 @@ void lut4_matmul(const uint8_t* w, const void* absmax, int kind, const float* sc
         rows_scalar(w, absmax, kind, scale2, offset, dmap, lut, xr, yr, R, N, K, block);
 #endif
     }
+}
+
+/* The same product with x [M, K] given as bfloat16 (a bf16 model's activations as they are, so a compiled graph
+   rounds them to bfloat16 before the call, as the eager model does): bfloat16 dot products where they apply, else x
+   widened to float32 for the product above. Returns 0, or -1 when memory for the widened copy cannot be had. */
+int lut4_matmul_bf16(const uint8_t* w, const void* absmax, int kind, const float* scale2, const float* offset,
+                     const float* dmap, const float* lut, const uint16_t* x, float* y, int M, int N, int K, int block) {
+#ifdef LUT4_BF16
+    if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, 1, y, M, N, K, block)) return 0;
+#endif
+    float* xf = malloc((size_t)M * K * sizeof(float));
+    if (!xf) return -1;
+    for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
+    lut4_matmul(w, absmax, kind, scale2, offset, dmap, lut, xf, y, M, N, K, block);
+    free(xf);
+    return 0;
 }
 
 /* Rows [row0, row1) of W as float32 (out_kind 0) or bfloat16 (out_kind 2), [row1 - row0, K] row-major. */

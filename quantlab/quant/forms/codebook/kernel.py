@@ -27,9 +27,10 @@ def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     ``flags``: extra compiler options, ``native.load``)."""
     lib = native.load("lut4", flags)
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.lut4_matmul.argtypes = [p, p, i, p, p, p, p, p, p, i, i, i, i]
+    lib.lut4_matmul.argtypes = lib.lut4_matmul_bf16.argtypes = [p, p, i, p, p, p, p, p, p, i, i, i, i]
     lib.lut4_dequantize.argtypes = [p, p, i, p, p, p, p, p, i, i, i, i, i]
     lib.lut4_matmul.restype = lib.lut4_dequantize.restype = None
+    lib.lut4_matmul_bf16.restype = i
     return lib
 
 
@@ -52,14 +53,24 @@ def _scales(absmax: torch.Tensor, scale2: torch.Tensor | None, offset: torch.Ten
 
 def lut4_matmul(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, scale2: torch.Tensor | None,
                 offset: torch.Tensor | None, table: torch.Tensor, dmap: torch.Tensor, block: int) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the codebook weight ``[out, in]``, transposed: ``[M, out]`` float32; ``table``
-    the codebook's 16 values and ``dmap`` the double quantization's 256 (float32). ``lut4_ops.cpp`` is the same call
-    in C++."""
-    x = x.contiguous()
+    """``x [M, in]`` (float32, or bfloat16 as a bf16 model's activations are) times the codebook weight
+    ``[out, in]``, transposed: ``[M, out]`` float32; ``table`` the codebook's 16 values and ``dmap`` the double
+    quantization's 256 (float32). ``lut4_ops.cpp`` is the same call in C++."""
+    return lut4_product(x, packed, _scales(absmax, scale2, offset), dmap, table, block)
+
+
+def lut4_product(x: torch.Tensor, packed: torch.Tensor, scales: tuple, dmap: torch.Tensor, table: torch.Tensor,
+                 block: int) -> torch.Tensor:
+    """The C product for x bfloat16 as it is, or widened to float32; ``scales``: the C call's four scale
+    arguments (address, kind, second-level scales, offset)."""
+    x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
     m, n_in = x.shape
     y = torch.empty(m, packed.shape[0], dtype=torch.float32)
-    library().lut4_matmul(packed.data_ptr(), *_scales(absmax, scale2, offset), dmap.data_ptr(), table.data_ptr(),
-                          x.data_ptr(), y.data_ptr(), m, packed.shape[0], n_in, block)
+    lib = library()
+    product = lib.lut4_matmul_bf16 if x.dtype == torch.bfloat16 else lib.lut4_matmul
+    if product(packed.data_ptr(), *scales, dmap.data_ptr(), table.data_ptr(), x.data_ptr(), y.data_ptr(), m,
+               packed.shape[0], n_in, block):
+        raise MemoryError("lut4_matmul: out of memory")
     return y
 
 

@@ -40,15 +40,11 @@ def _scales(global_scale: torch.Tensor | None) -> tuple[int, int | None]:
 
 def e2m1_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | None,
                 table: torch.Tensor, e4m3: torch.Tensor, block: int) -> torch.Tensor:
-    """``x [M, in]`` (float32) times the e2m1 weight ``[out, in]``, transposed: ``[M, out]`` float32; ``table`` the 16
-    e2m1 values and ``e4m3`` the 256 e4m3 bytes' (float32). ``lut4_ops.cpp`` is the same call in C++."""
-    x = x.contiguous()
-    m, n_in = x.shape
-    y = torch.empty(m, codes.shape[0], dtype=torch.float32)
+    """``x [M, in]`` (float32, or bfloat16 as a bf16 model's activations are) times the e2m1 weight ``[out, in]``,
+    transposed: ``[M, out]`` float32; ``table`` the 16 e2m1 values and ``e4m3`` the 256 e4m3 bytes' (float32).
+    ``lut4_ops.cpp`` is the same call in C++."""
     kind, gs = _scales(global_scale)
-    lut4_kernels.library().lut4_matmul(codes.data_ptr(), scales.data_ptr(), kind, gs, None, e4m3.data_ptr(),
-                                       table.data_ptr(), x.data_ptr(), y.data_ptr(), m, codes.shape[0], n_in, block)
-    return y
+    return lut4_kernels.lut4_product(x, codes, (scales.data_ptr(), kind, gs, None), e4m3, table, block)
 
 
 def e2m1_dequantize(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | None, block: int,
@@ -83,6 +79,7 @@ class E2M1CPUKernel(FusedRowsKernel):
 
     path = "e2m1_lut_cpu"
     preference = 56
+    fused_dtypes = (torch.float32, torch.bfloat16)  # a bf16 model's activations take the bfloat16 dot products
     tensor_type: ClassVar[tuple[type, ...]] = (MXTensor, NVFP4Tensor)
 
     def __init__(self, q: MXTensor | NVFP4Tensor, dtype: torch.dtype) -> None:
