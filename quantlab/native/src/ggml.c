@@ -265,6 +265,44 @@ int ggml_unpack_rows(int type, const uint8_t * src, uint8_t * dst, int64_t row0,
     return 0;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define REPACKED_ROW_AVX512 1
+/* Row r of an interleaved Q4_0 or IQ4_NL tensor dequantized straight from the interleaved bytes into f32 (or, where
+ * bf16 is given, rounded to nearest even into bf16): per block, its 16 bytes gathered (Q4_0's flipped back), each
+ * nibble's value looked up (Q4_0: nibble - 8; IQ4_NL: kvalues_iq4nl) and multiplied by the block's scale as float32,
+ * sixteen lanes at a time: the products ggml's dequantizers compute, one rounding each. */
+static void dequantize_x8_row(int type, const uint8_t * src, int64_t r, int64_t n_in, float * f32, uint16_t * bf16) {
+    const int64_t nb = n_in / QK4_0;
+    const int j = (int)(r % 8);
+    const block_q4_0x8 * in = (const block_q4_0x8 *)src + (r / 8) * nb;
+    const __m128i flip = _mm_set1_epi8(type == T_Q4_0 ? (char)0x88 : 0), low = _mm_set1_epi8(0x0F);
+    const __m128i values = type == T_Q4_0 ? _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                                          : _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m512 d = _mm512_set1_ps(GGML_FP16_TO_FP32(in[b].d[j]));
+        int64_t first, second;
+        memcpy(&first, in[b].qs + j * 8, 8);
+        memcpy(&second, in[b].qs + (8 + j) * 8, 8);
+        const __m128i q = _mm_xor_si128(_mm_set_epi64x(second, first), flip);  /* the block's own 16 bytes */
+        const __m128i lo = _mm_shuffle_epi8(values, _mm_and_si128(q, low));
+        const __m128i hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(q, 4), low));
+        const __m512 v[2] = {_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d),
+                             _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d)};
+        for (int h = 0; h < 2; ++h) {
+            const int64_t at = b * QK4_0 + 16 * h;
+            if (!bf16) {
+                _mm512_storeu_ps(f32 + at, v[h]);
+                continue;
+            }
+            __m512i u = _mm512_castps_si512(v[h]);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+            u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+            _mm256_storeu_si256((__m256i *)(bf16 + at), _mm512_cvtepi32_epi16(u));
+        }
+    }
+}
+#endif
+
 /* Rows [row0, row1) of an interleaved tensor as float32 (bf16 0) or bfloat16 (bf16 1, rounded to nearest even as
  * torch rounds) into dst [row1 - row0, n_in]: each row unpacked and dequantized by ggml's dequantizer in one pass
  * (prefill's row blocks), the same values as ggml_unpack_rows, then ggml_dequantize_rows, then the rounding.
@@ -287,6 +325,13 @@ int ggml_dequantize_repacked_rows(int type, const uint8_t * src, void * dst, int
         if (!failed) {
             #pragma omp for schedule(static)
             for (int64_t r = row0; r < row1; ++r) {
+#ifdef REPACKED_ROW_AVX512
+                if (type != T_Q4_K) {
+                    dequantize_x8_row(type, src, r, n_in, bf16 ? NULL : (float *)dst + (r - row0) * n_in,
+                                      bf16 ? (uint16_t *)dst + (r - row0) * n_in : NULL);
+                    continue;
+                }
+#endif
                 unpack_row(type, src, r, n_in, blocks);
                 float * v = bf16 ? values : (float *)dst + (r - row0) * n_in;
                 f(blocks, v, n_in);
