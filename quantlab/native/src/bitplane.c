@@ -405,39 +405,37 @@ static void group_sums(const void* x, int x_bf16, int R, int K, int group, float
         }
 }
 
+int bitplane_matmul_bf16(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes,
+                         int sym_zero, const uint16_t* x, float* y, int M, int N, int K, int bits, int group);
+
 /* y [M, N] = x [M, K] @ W^T, float32, for a few rows of x (decode steps); W's codes are read once per 4 rows. */
 void bitplane_matmul(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
                      const float* x, float* y, int M, int N, int K, int bits, int group) {
-    int n_groups = (K + group - 1) / group;
-    float xsum[4 * n_groups];
 #ifdef BITPLANE_BF16
-    /* codes below 8 bits and activations that are all bfloat16 (a bf16 model's): bfloat16 dot products */
-    uint16_t* xb16 = bits < 8 && all_bf16(x, (size_t)M * K) ? malloc((size_t)M * K * sizeof(uint16_t)) : NULL;
-    if (xb16) {
-        for (size_t i = 0; i < (size_t)M * K; i++) xb16[i] = float_to_bf16(x[i]);  /* exact: they are bfloat16 */
+    /* codes below 8 bits and activations that are all bfloat16 (a bf16 model's): the bfloat16 entry's dot products */
+    if (bits < 8 && all_bf16(x, (size_t)M * K)) {
+        uint16_t* xb16 = malloc((size_t)M * K * sizeof(uint16_t));
+        if (xb16) {
+            for (size_t i = 0; i < (size_t)M * K; i++) xb16[i] = float_to_bf16(x[i]);  /* exact: they are bfloat16 */
+            bitplane_matmul_bf16(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xb16, y, M, N, K, bits, group);
+            free(xb16);
+            return;
+        }
     }
 #endif
+    int n_groups = (K + group - 1) / group;
+    float xsum[4 * n_groups];
     for (int m0 = 0; m0 < M; m0 += 4) {
         int R = M - m0 < 4 ? M - m0 : 4;
         const float* xr = x + (size_t)m0 * K;
         group_sums(xr, 0, R, K, group, xsum);
         float* yr = y + (size_t)m0 * N;
-#ifdef BITPLANE_BF16
-        if (xb16) {
-            rows_bf16(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xb16 + (size_t)m0 * K, xsum, yr, R, N, K,
-                      bits, group);
-            continue;
-        }
-#endif
 #ifdef __AVX2__
         rows_avx2(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
 #else
         rows_scalar(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xr, xsum, yr, R, N, K, bits, group);
 #endif
     }
-#ifdef BITPLANE_BF16
-    free(xb16);
-#endif
 }
 
 /* The same product with x [M, K] given as bfloat16 (a bf16 model's activations as they are, so a compiled graph
@@ -458,9 +456,8 @@ int bitplane_matmul_bf16(const uint8_t* w, const void* scales, int scale_kind, c
         return 0;
     }
 #endif
-    float* xf = malloc((size_t)M * K * sizeof(float));
+    float* xf = widen_bf16(x, (size_t)M * K);
     if (!xf) return -1;
-    for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
     bitplane_matmul(w, scales, scale_kind, zeros, zero_row_bytes, sym_zero, xf, y, M, N, K, bits, group);
     free(xf);
     return 0;

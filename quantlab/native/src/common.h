@@ -2,6 +2,7 @@
 #ifndef QUANTLAB_COMMON_H
 #define QUANTLAB_COMMON_H
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef __AVX2__
@@ -55,6 +56,15 @@ static inline int all_bf16(const float* v, size_t n) {
     uint32_t low = 0, u;
     for (size_t i = 0; i < n; i++) { memcpy(&u, v + i, 4); low |= u; }
     return (low & 0xFFFF) == 0;
+}
+
+/* n bfloat16 values widened to float32 in a new buffer (free it), for a kernel's float32 path given bf16 rows;
+   NULL when the memory cannot be had. */
+static inline float* widen_bf16(const uint16_t* x, size_t n) {
+    float* out = (float*)malloc(n * sizeof(float));
+    if (out)
+        for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(x[i]);
+    return out;
 }
 
 /* CALL(R) with R a compile-time constant 1-4 (the rows of x in one group), so a kernel's row loops unroll. */

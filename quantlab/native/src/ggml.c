@@ -3,6 +3,7 @@
  * the float product over dequantized rows, and the product of ggml's 8-bit activation blocks through ggml's own
  * integer dot products where the CPU has them. Built as quantlab's other kernels are. */
 #include "ggml_quants.c"
+#include "common.h"
 
 /* ---- quantlab's entry points: one quantizer and one dequantizer by ggml type number ---- */
 
@@ -337,11 +338,7 @@ int ggml_dequantize_repacked_rows(int type, const uint8_t * src, void * dst, int
                 f(blocks, v, n_in);
                 if (bf16) {
                     uint16_t * o = (uint16_t *)dst + (r - row0) * n_in;
-                    for (int64_t k = 0; k < n_in; ++k) {  /* finite values: round to nearest even */
-                        uint32_t u;
-                        memcpy(&u, v + k, 4);
-                        o[k] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-                    }
+                    for (int64_t k = 0; k < n_in; ++k) o[k] = float_to_bf16(v[k]);
                 }
             }
         }

@@ -352,9 +352,8 @@ int lut4_matmul_bf16(const uint8_t* w, const void* absmax, int kind, const float
 #ifdef LUT4_BF16
     if (matmul_bf16(w, absmax, kind, scale2, offset, dmap, lut, x, 1, y, M, N, K, block)) return 0;
 #endif
-    float* xf = malloc((size_t)M * K * sizeof(float));
+    float* xf = widen_bf16(x, (size_t)M * K);
     if (!xf) return -1;
-    for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_float(x[i]);
     lut4_matmul(w, absmax, kind, scale2, offset, dmap, lut, xf, y, M, N, K, block);
     free(xf);
     return 0;

@@ -171,6 +171,12 @@ class FusedRowsKernel(Kernel):
         return y.reshape(*lead, -1).to(x.dtype)
 
 
+def bf16_or_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a C product with a bfloat16 entry takes it (a kernel listing bfloat16 in ``fused_dtypes``):
+    bfloat16 as it is, any other dtype widened to float32; contiguous."""
+    return x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
+
+
 def linear_in_row_blocks(x: torch.Tensor, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int],
                          block_elements: int) -> torch.Tensor:
     """``x @ Wᵀ`` with W built ``rows(start, stop)`` a block of output rows at a time (about ``block_elements``

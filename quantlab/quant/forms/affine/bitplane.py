@@ -19,7 +19,7 @@ import torch
 
 from .... import native
 from ....native.ops import native_op, register_fake
-from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
+from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, bf16_or_float32, traced
 from ...tensors.primitives import pack
 from .float_zero import FloatZeroTensor
 from .tensor import QuantizedTensor, act_order_columns, group_index
@@ -79,7 +79,7 @@ def bitplane_matmul(x: torch.Tensor, planes: torch.Tensor, scales: torch.Tensor,
                     bits: int, group: int) -> torch.Tensor:
     """``x [M, in]`` (float32, or bfloat16 as a bf16 model's activations are) times the bit-plane weight
     ``[out, in]``, transposed: ``[M, out]`` float32."""
-    x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
+    x = bf16_or_float32(x)
     m, n_in = x.shape
     y = torch.empty(m, planes.shape[0], dtype=torch.float32)
     lib = library()

@@ -15,7 +15,7 @@ import torch
 
 from .... import native
 from ....native.ops import native_op, register_fake
-from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, traced
+from ...kernels.base import KERNELS, OUT_KINDS, FusedRowsKernel, bf16_or_float32, traced
 from .tensor import CODEBOOKS, CodebookTensor, dynamic_map
 
 ABSMAX_F32, ABSMAX_DQ = 0, 1
@@ -63,7 +63,7 @@ def lut4_product(x: torch.Tensor, packed: torch.Tensor, scales: tuple, dmap: tor
                  block: int) -> torch.Tensor:
     """The C product for x bfloat16 as it is, or widened to float32; ``scales``: the C call's four scale
     arguments (address, kind, second-level scales, offset)."""
-    x = x.contiguous() if x.dtype == torch.bfloat16 else x.float().contiguous()
+    x = bf16_or_float32(x)
     m, n_in = x.shape
     y = torch.empty(m, packed.shape[0], dtype=torch.float32)
     lib = library()

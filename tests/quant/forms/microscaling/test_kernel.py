@@ -76,25 +76,3 @@ def test_bfloat16_activations_multiply_within_float32_rounding(form: str, rows: 
     ref, magnitude = x.double() @ w.T, x.double().abs() @ w.abs().T
     assert ((y - ref).abs() <= magnitude * 2 ** -24 * (n_in / 4 + 8)).all()
     assert torch.equal(kernel.fused(x.bfloat16()), kernel.fused(x))  # given as bfloat16 itself: the same product
-
-
-def test_a_compiled_graph_hands_the_product_a_bf16_models_activations_in_bfloat16() -> None:
-    # as for the bit-plane kernel: asked for bf16, the graph rounds the norm's output before the product, which
-    # then takes the bfloat16 dot products instead of the float32 path
-    from quantlab.quant.forms.microscaling import kernel as microscaling
-
-    kernel = E2M1CPUKernel(quantize_mx(torch.randn(64, 128), "e2m1"), torch.bfloat16)
-    seen: list[torch.dtype] = []
-
-    def backend(gm: torch.fx.GraphModule, inputs: list) -> object:
-        seen.extend(node.args[0].meta["example_value"].dtype for node in gm.graph.nodes
-                    if node.target is microscaling.matmul_op)
-        return gm.forward
-
-    def norm_then_product(x: torch.Tensor) -> torch.Tensor:
-        return kernel(torch.nn.functional.rms_norm(x, (128,)))
-
-    x = torch.randn(1, 128).bfloat16()
-    y = torch.compile(norm_then_product, backend=backend, fullgraph=True)(x)
-    assert seen == [torch.bfloat16]
-    assert torch.equal(y, norm_then_product(x))
