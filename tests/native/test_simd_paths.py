@@ -131,6 +131,23 @@ def test_bitplane_builds_agree(rows: int, dtype: torch.dtype, bits: int, group: 
     _check(ys, F.linear(x.float(), q.dequantize()), dtype, tol32=5e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("form", ["f16 scales", "bf16 scales", "f32 scales", "symmetric", "f16 float zeros",
+                                  "bf16 float zeros"])
+def test_bitplane_builds_read_every_scale_and_zero_form(rows: int, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of 32 over 640 columns (20 a row: the AVX2 path's eight-group pass twice, then a tail of four) in every
+    stored form of scales and zero points."""
+    from quantlab.quant.forms.affine.float_zero import quantize_float_zero
+
+    w = _weight(24, 640)
+    scale_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}.get(form.split()[0], torch.float16)
+    q = (quantize_float_zero(w, 3, 32, scale_dtype=scale_dtype) if "float zeros" in form else
+         quantize_tensor(w, 3, 32, symmetric=form == "symmetric", scale_dtype=scale_dtype))
+    x = _x(rows, 640, torch.float32)
+    ys = _products(lambda: bitplane_kernels.BitplaneCPUKernel(q, torch.float32), bitplane_kernels, x, monkeypatch)
+    _check(ys, F.linear(x, q.dequantize()), torch.float32, tol32=5e-5)
+
+
 KV_CODECS = [*[Codec(bits=b, group_size=g) for b in (8, 4, 2) for g in (16, 64)], Codec(bits=3, group_size=16),
              *[Codec(dtype=d) for d in (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)],
              *[Codec(element=e) for e in code_attention.BLOCK_KINDS]]
