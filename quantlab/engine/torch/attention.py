@@ -92,8 +92,7 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
-        mask = attention_mask[:, :, None, :, :t]
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        scores = _mask_scores(scores, attention_mask[..., :t])
     elif q > 1:  # transformers skipped the mask: causal as SDPA's is_causal (query row i sees keys 0..i)
         rows = torch.arange(q, device=query.device).unsqueeze(-1)
         scores = scores.masked_fill(torch.arange(t, device=query.device) > rows, float("-inf"))

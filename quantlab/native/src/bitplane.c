@@ -173,9 +173,12 @@ static inline __attribute__((always_inline)) void row_avx2(
                 }
             }
 #endif
-            float s = hoisted ? sc[g] : load_scale(scales, scale_kind, (size_t)n * n_groups + g);
-            if (!hoisted) {
-                float z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, (size_t)n * n_groups + g);
+            float s;
+            if (hoisted) s = sc[g];
+            else {
+                size_t gi = (size_t)n * n_groups + g;
+                s = load_scale(scales, scale_kind, gi);
+                float z = load_zero(zeros, zero_row_bytes, sym_zero, n, g, bits, scale_kind, gi);
                 for (int r = 0; r < R; r++) offset[r] += s * z * xsum[(size_t)r * n_groups + g];
             }
             __m256 vs = _mm256_set1_ps(s);
@@ -524,16 +527,6 @@ int bitplane_matmul_bf16(const uint8_t* w, const void* scales, int scale_kind, c
     return 0;
 }
 
-#ifdef __AVX2__
-/* Eight floats to bfloat16, rounding to nearest even (NaN is not expected in dequantized weights). */
-static inline __m128i float8_to_bf16(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
-    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
-}
-#endif
-
 /* Rows [row0, row1) of W as float32 (out_kind 0) or bfloat16 (out_kind 2), [row1 - row0, K] row-major. */
 void bitplane_dequantize(const uint8_t* w, const void* scales, int scale_kind, const uint8_t* zeros, int zero_row_bytes, int sym_zero,
                          void* out, int out_kind, int row0, int row1, int K, int bits, int group) {
@@ -554,7 +547,7 @@ void bitplane_dequantize(const uint8_t* w, const void* scales, int scale_kind, c
                     __m128i c8 = q & 1 ? _mm_srli_si128(half[q >> 1], 8) : half[q >> 1];
                     __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c8)), vs, vzs);
                     size_t at = o + b * 32 + q * 8;
-                    if (out_kind == BF16) _mm_storeu_si128((__m128i*)((uint16_t*)out + at), float8_to_bf16(v));
+                    if (out_kind == BF16) _mm_storeu_si128((__m128i*)((uint16_t*)out + at), bf16_round8(v));
                     else _mm256_storeu_ps((float*)out + at, v);
                 }
 #else

@@ -17,6 +17,27 @@ static inline uint16_t float_to_bf16(float f) {  /* round to nearest even, as to
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+#ifdef __AVX2__
+/* Eight finite floats to bfloat16, rounded to nearest even as float_to_bf16 rounds them (dequantized weights: no
+   NaN), packed into 128 bits. */
+static inline __m128i bf16_round8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+#endif
+
+#ifdef __AVX512F__
+/* Sixteen finite floats to bfloat16 the same way, packed into 256 bits. */
+static inline __m256i bf16_round16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    return _mm512_cvtepi32_epi16(u);
+}
+#endif
+
 /* A float16 or bfloat16 value as float32 (scales and caches stored in 16 bits). */
 static inline float half_to_float(uint16_t h) {
 #ifdef __F16C__

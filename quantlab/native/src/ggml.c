@@ -295,10 +295,7 @@ static void dequantize_x8_row(int type, const uint8_t * src, int64_t r, int64_t 
                 _mm512_storeu_ps(f32 + at, v[h]);
                 continue;
             }
-            __m512i u = _mm512_castps_si512(v[h]);
-            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-            u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-            _mm256_storeu_si256((__m256i *)(bf16 + at), _mm512_cvtepi32_epi16(u));
+            _mm256_storeu_si256((__m256i *)(bf16 + at), bf16_round16(v[h]));
         }
     }
 }
