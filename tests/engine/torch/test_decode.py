@@ -210,3 +210,30 @@ def test_rounds_make_the_model_ready_once_and_warm_up_before_each_later_round(mo
     for record in records:
         assert record["decode_steps"] == 12 and record["engine"] == "eager"
         assert record["engine_options"]["engine_choice"].startswith("auto: eager, the step did not compile")
+
+
+def test_the_prefill_hands_the_output_head_its_last_position_with_canonical_strides() -> None:
+    """transformers slices the prompt's last position for the head as a view with the prompt's strides; torch's
+    matmul multiplies such a bf16 view as a batch, copying the whole head first. While an engine is open the head's
+    input is re-viewed with its own strides (same values); after it, the model is as it was."""
+    from quantlab.engine.torch.decode import DecodeEngine
+
+    model = make_llama().to(torch.bfloat16)
+    head = model.get_output_embeddings()
+    seen: list[tuple[int, ...]] = []
+    ids = torch.arange(1, 25).unsqueeze(0)
+    spy = None
+    try:
+        with DecodeEngine(model, KV_FORMATS["native"].build(), CPU, "eager") as engine:
+            spy = head.register_forward_pre_hook(lambda _m, args: seen.append(args[0].stride()))  # runs after
+            gen = engine.generation()
+            gen.prefill(ids)
+            logits = gen.logits.clone()
+        assert seen[-1] == (128, 128, 1)  # [1, 1, hidden], not the prompt's (24 * 128, 128, 1)
+        seen.clear()
+        plain = model(input_ids=ids, logits_to_keep=1).logits[:, -1]
+        assert seen[-1] == (24 * 128, 128, 1)  # the engine's hook is gone
+        assert (logits.float() - plain.float()).norm() / plain.float().norm() < 1e-2  # bf16 products' order
+    finally:
+        if spy is not None:
+            spy.remove()
