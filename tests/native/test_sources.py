@@ -17,7 +17,7 @@ def test_every_vendored_folder_carries_its_licence_and_upstream_version() -> Non
 
 def test_quantlabs_own_sources_hold_no_vendored_code_and_include_it_by_name() -> None:
     own = {p.name: p.read_text() for p in native.SOURCES.iterdir() if p.suffix in (".c", ".h", ".cpp")}
-    assert set(own) == {"bitplane.c", "common.h", "fp8.c", "ggml.c", "half_rows.c", "int8_act.c", "kv_attention.c",
+    assert set(own) == {"bitplane.c", "common.h", "fp8.c", "ggml.c", "half_rows.c", "int4pack.c", "int8_act.c", "kv_attention.c",
                         "lut4.c", "torch_ops.h", *(f"{name}_ops.cpp" for name in NATIVE_OPS)}
     assert not any("The ggml authors" in text for text in own.values())
     assert '#include "ggml_quants.c"' in own["ggml.c"]  # one translation unit: ggml's static functions in reach
@@ -28,5 +28,5 @@ NATIVE_OPS = ("bitplane", "fp8", "ggml", "half_rows", "int8_act", "kv_attention"
 
 
 def test_each_kernel_builds_and_loads_from_the_package_sources() -> None:
-    for name in NATIVE_OPS:
+    for name in (*NATIVE_OPS, "int4pack"):
         assert native.load(name) is not None
