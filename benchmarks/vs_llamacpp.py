@@ -49,11 +49,13 @@ and each quantlab variant. Without llama-cpp-python it says how to install it an
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import copy
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -373,7 +375,7 @@ def run(args: argparse.Namespace, threads_wanted: int | None) -> int:
 
 def llama_cpp_quantized(model: Any, source: Path, recipe: str) -> Path:
     """quantlab's BF16 GGUF of ``model`` (metadata and tokenizer from ``source``), quantized by llama.cpp's own
-    quantizer to the file type ``recipe``, in a temporary folder kept for this process."""
+    quantizer to the file type ``recipe``, in a temporary folder kept for this process and removed at its exit."""
     import ctypes
 
     import llama_cpp
@@ -381,6 +383,7 @@ def llama_cpp_quantized(model: Any, source: Path, recipe: str) -> Path:
     from quantlab import export_
 
     folder = Path(tempfile.mkdtemp(prefix="quantlab-llama-"))
+    atexit.register(shutil.rmtree, folder, True)
     export_(model, "gguf", folder / "bf16", source=source)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{recipe}")

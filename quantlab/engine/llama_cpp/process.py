@@ -57,7 +57,7 @@ def kv_cache_bytes(config: Any, tokens: int, cache_type: str) -> int:
 
 
 def worker(path: str, threads: int, cache_type: str = "f16", n_ctx: int = 1024) -> None:
-    """The child's loop (``python -m quantlab.engine.llama_cpp.process PATH THREADS CACHE_TYPE N_CTX``)."""
+    """The child's loop (``python -m quantlab.engine.llama_cpp PATH THREADS CACHE_TYPE N_CTX``: ``__main__.py``)."""
     import llama_cpp
     from llama_cpp import Llama
 
@@ -179,7 +179,7 @@ class LlamaCppProcess:
         if not rotate:
             env["LLAMA_ATTN_ROT_DISABLE"] = "1"
         self.rotate = rotate and cache_type not in FLOAT_CACHE_TYPES
-        self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp.process", str(path), str(threads),
+        self.proc = subprocess.Popen([sys.executable, "-m", "quantlab.engine.llama_cpp", str(path), str(threads),
                                       cache_type, str(n_ctx)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._read()
@@ -283,6 +283,3 @@ def gguf_tensor_bytes(path: str | Path) -> int:
 
     return sum(int(t.n_bytes) for t in GGUFReader(str(path)).tensors)
 
-
-if __name__ == "__main__":
-    worker(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
