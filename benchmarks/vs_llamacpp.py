@@ -19,8 +19,9 @@ the output head in int8 per channel: the bits of the whole GGUF), ``int8``, ``bf
 llama.cpp runs in processes of its own (its thread pool and torch's OpenMP pool in one process starve each other
 on a small machine) with as many threads as torch uses, one process per file and cache type. Each quantlab variant
 is made ready once by its engine (the ``compiled`` engine compiles here, timed apart) and warmed up. Each round
-then runs one generation of every system in turn: each llama.cpp process (its first round is its warm-up) and
-every quantlab variant, the same random prompt, greedy, each decode step timed alone (quantlab synchronizes the
+then runs one generation of every system in turn, each round starting one system later than the one before (so no
+system always runs first or last): each llama.cpp process (its first round is its warm-up) and every quantlab
+variant, the same random prompt, greedy, each decode step timed alone (quantlab synchronizes the
 device around it). Printed per system, as a Markdown table: median, p10 and p90 ms per decode step over every
 round's steps, the ratio to the paired llama.cpp row's median, the median prefill, the bytes one step reads
 (weights + KV cache at the mean length), and the share of the copy-bandwidth roofline (those bytes at the measured
@@ -416,6 +417,13 @@ def _engine(model: Any, kv: str, args: argparse.Namespace, device: Any) -> Any:
     return DecodeEngine(model, _kv_format(kv), device, args.engine, args.prompt_tokens + args.new_tokens)
 
 
+def round_order(systems: list[System], index: int) -> list[System]:
+    """The systems in the order round ``index`` runs them: each round starts one system later than the one before,
+    so over as many rounds as systems each runs first, and last, once."""
+    turn = index % len(systems) if systems else 0
+    return systems[turn:] + systems[:turn]
+
+
 def timing(args: argparse.Namespace, model: Model, llamas: dict[System, LlamaCppProcess],
            engines: dict[System, Any], files: dict[str, Path], config: Any, threads: int) -> dict[System, dict]:
     """Every system's rounds, interleaved; prints the timing and targets tables and returns the rows."""
@@ -434,15 +442,16 @@ def timing(args: argparse.Namespace, model: Model, llamas: dict[System, LlamaCpp
     steps: dict[System, list[float]] = {s: [] for s in [*llamas, *engines]}
     prefill: dict[System, list[float]] = {s: [] for s in steps}
     for index in range(args.rounds):
-        for s, llama in llamas.items():
-            got = llama.ask(cmd="decode", prompt=prompt[0].tolist(), new_tokens=args.new_tokens)
-            if index:
-                steps[s] += got["steps_ms"]
-                prefill[s].append(got["prefill_ms"])
-        for s, engine in engines.items():
-            gen = engine.generation()
-            prefill[s].append(gen.prefill(prompt))
-            steps[s].extend(gen.decode(args.new_tokens))
+        for s in round_order([*llamas, *engines], index):
+            if s in llamas:
+                got = llamas[s].ask(cmd="decode", prompt=prompt[0].tolist(), new_tokens=args.new_tokens)
+                if index:  # a llama.cpp process's first round is its warm-up
+                    steps[s] += got["steps_ms"]
+                    prefill[s].append(got["prefill_ms"])
+            else:
+                gen = engines[s].generation()
+                prefill[s].append(gen.prefill(prompt))
+                steps[s].extend(gen.decode(args.new_tokens))
     tokens = args.prompt_tokens + args.new_tokens
     weights = {s: gguf_tensor_bytes(files[s.weights]) for s in llamas}
     weights.update({s: decode_weight_bytes_read(e.model) for s, e in engines.items()})

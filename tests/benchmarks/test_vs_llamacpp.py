@@ -109,3 +109,12 @@ def test_a_failed_suite_comparison_is_named_and_the_rest_still_run(bench, monkey
     out = capsys.readouterr().out
     first = " ".join(bench.SUITES["targets"][0])
     assert f"failed: vs_llamacpp.py {first} (exit status 1)" in out and out.count("failed:") == 1
+
+
+def test_each_round_starts_one_system_later(bench):
+    systems = [bench.System("llama.cpp", "Q4_0", "f16"), bench.System("quantlab", "int4-g32", "native"),
+               bench.System("quantlab", "nvfp4", "native")]
+    orders = [bench.round_order(systems, i) for i in range(3)]
+    assert [o[0] for o in orders] == systems and [o[-1] for o in orders] == [systems[2], systems[0], systems[1]]
+    assert all(sorted(o, key=systems.index) == systems for o in orders)
+    assert bench.round_order(systems, 3) == systems
