@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ....errors import UnsupportedError
-from ...kernels.base import KERNELS, Kernel, fused_row_matmul, use_fused_row_matmul
+from ...kernels.base import KERNELS, Kernel, fused_row_matmul, linear_in_row_blocks, use_fused_row_matmul
 from ...tensors.primitives import pack
 from . import int4pack
 from .float_zero import FloatZeroTensor
@@ -241,6 +241,8 @@ class Int8Kernel(Kernel):
     path = "int8pack_mm"
     preference = 40
     tensor_type = QuantizedTensor
+    max_fused_rows: ClassVar[int] = 32  # CPU: rows up to which torch's kernel is as fast as the bf16 codes' matmul
+    cpu_block_elements: ClassVar[int] = 1 << 19  # codes widened a block of output rows at a time for longer inputs
 
     def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -279,6 +281,12 @@ class Int8Kernel(Kernel):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if use_fused_row_matmul(x):  # compiled CPU decode: the codes read once as int8 bytes, in the graph
             return (fused_row_matmul(x, self.codes) * self.scales.float()).to(x.dtype)
+        if x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.shape[0] > self.max_fused_rows:
+            # a prompt: the codes as bf16 (exact: every int8 is a bf16) a block of rows at a time and the dense
+            # matmul, then the scales; torch's kernel reads the weight again for every few rows
+            y = linear_in_row_blocks(x, lambda start, stop: self.codes[start:stop].to(x.dtype), self.shape,
+                                     self.cpu_block_elements)
+            return (y.float() * self.scales.float()).to(x.dtype)
         return torch._weight_int8pack_mm(x, self.codes, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -197,3 +197,23 @@ def test_float_zero_points_run_on_the_int4_kernel_exactly(group_size) -> None:
     assert rel_error(kernel.dequantize(), q.dequantize()) < 4e-3  # the bf16 rounding of scale and zero
     if group_size is not None:
         assert kernel.analytic_nbytes() == q.layout_nbytes()
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int8_prompts_multiply_the_exact_codes_in_bf16_and_short_inputs_keep_torchs_kernel(symmetric: bool) -> None:
+    """More than 32 rows: the int8 codes widened to bf16 (exactly: every int8 is a bf16) and the dense matmul, the
+    scales after; up to 32 rows torch's kernel, whose result the long path agrees with to bf16 rounding."""
+    q = quantize_tensor(_weight(200, 512), 8, None, symmetric)
+    kernel = choose_kernel(q, CPU, torch.bfloat16)
+    assert type(kernel) is Int8Kernel
+    assert torch.equal(kernel.codes.to(torch.bfloat16).to(torch.int8), kernel.codes)
+    x = _x(rows=128, dtype=torch.bfloat16)
+    long, reference = kernel(x), x.float() @ q.dequantize().T
+    assert rel_error(long, reference) < 1e-2
+    rows = kernel.max_fused_rows
+    short = torch.cat([kernel(x[i:i + rows]) for i in range(0, 128, rows)])  # torch's kernel, 32 rows a call
+    assert rel_error(long, short) < 8e-3
+    scaled = (x @ kernel.codes.to(torch.bfloat16).T).float() * kernel.scales.float()
+    if kernel.offset is not None:
+        scaled = scaled + x.sum(-1, keepdim=True).float() * kernel.offset.float()
+    assert rel_error(long, scaled) < 4e-3
