@@ -111,21 +111,21 @@ int int4pack_dequantize_t(const uint8_t* packed, const void* sz, int sz_kind, vo
         int64_t n0 = nb * block_n > row0 ? nb * block_n : row0;
         int64_t n1 = (nb + 1) * block_n < row1 ? (nb + 1) * block_n : row1;
         int whole = n0 == nb * block_n && n1 == n0 + block_n && N - n0 >= block_n;
-        size_t at = (size_t)(n0 - row0);
+        const uint8_t* b = packed + nb * K * (block_n / 2);
+        uint16_t* o16 = out16 ? out16 + (n0 - row0) : NULL;
+        float* o32 = out32 ? out32 + (n0 - row0) : NULL;
+        void (*block)(const uint8_t*, const void*, int, uint16_t*, float*, int64_t, int64_t, int64_t, int64_t,
+                      int64_t) = NULL;  /* the vector path for a whole block of this layout, where built */
 #ifdef __AVX512F__
-        if (whole && layout == 64) {
-            block64(packed + nb * K * 32, sz, sz_kind, out16 ? out16 + at : NULL, out32 ? out32 + at : NULL, width,
-                    N, K, group, n0);
-            continue;
-        }
+        if (layout == 64) block = block64;
 #endif
 #ifdef __AVX2__
-        if (whole && layout == 32) {
-            block32(packed + nb * K * 16, sz, sz_kind, out16 ? out16 + at : NULL, out32 ? out32 + at : NULL, width,
-                    N, K, group, n0);
+        if (layout == 32) block = block32;
+#endif
+        if (whole && block) {
+            block(b, sz, sz_kind, o16, o32, width, N, K, group, n0);
             continue;
         }
-#endif
         for (int64_t n = n0; n < n1; n++) {  /* a last, narrower block; layout 0 */
             int64_t base, stride;
             int shift;
