@@ -37,6 +37,7 @@ static void row_place(int64_t n, int64_t N, int64_t K, int layout, int64_t* base
     }
 }
 
+#ifdef __AVX2__  /* the vector paths' (AVX-512 builds have AVX2) */
 /* A group's scales and zeros of rows [n0, n0 + count) (count <= 64) as float32. */
 static void group_params(const void* sz, int sz_kind, int64_t N, int64_t kg, int64_t n0, int count, float* scale,
                          float* zero) {
@@ -46,6 +47,7 @@ static void group_params(const void* sz, int sz_kind, int64_t N, int64_t kg, int
         zero[d] = load_scale(sz, sz_kind, g + 1);
     }
 }
+#endif
 
 #ifdef __AVX512F__
 /* A whole block of layout 64: each column's 32 bytes are its 64 rows' codes (low nibbles rows 0-15 and 16-31, high
