@@ -48,7 +48,7 @@ def library(flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib = native.load("kv_attention", flags)
     i, p = ctypes.c_int, ctypes.c_void_p
     for f in (lib.kv_scores, lib.kv_values):
-        f.argtypes = [i, i, i, i, i, i, p, p, p, i, i, p, p, i, p]
+        f.argtypes = [i, i, i, i, i, i, p, p, p, i, i, p, p, i, i, p, i, p]
         f.restype = None
     return lib
 
@@ -99,36 +99,73 @@ def _heads_and_slots(kind: int, group: int, d: int, data: torch.Tensor) -> tuple
     return data.shape[0] * data.shape[1], data.shape[2]
 
 
+def _ring_slots(ring: torch.Tensor | None) -> int:
+    return 0 if ring is None else ring.shape[2]
+
+
 def _call(name: str, kind: int, bits: int, group: int, data: torch.Tensor, scales: torch.Tensor | None,
-          zeros: torch.Tensor | None, n_valid: torch.Tensor, x: torch.Tensor, d: int, out: torch.Tensor) -> None:
+          zeros: torch.Tensor | None, n_valid: torch.Tensor, x: torch.Tensor, d: int, ring: torch.Tensor | None,
+          out: torch.Tensor) -> None:
     bh, s = _heads_and_slots(kind, group, d, data)
     row_bytes = data.shape[-1] * data.element_size()
     zero_bytes = zeros.shape[-1] if zeros is not None else 0
+    ring = None if ring is None else ring.contiguous()
     getattr(library(), name)(kind, bits, d, group, row_bytes, zero_bytes, data.data_ptr(),
                               None if scales is None else scales.data_ptr(), None if zeros is None else zeros.data_ptr(),
-                              bh, s, n_valid.data_ptr(), x.data_ptr(), x.shape[1], out.data_ptr())
+                              bh, s, n_valid.data_ptr(), x.data_ptr(), x.shape[1], 0 if ring is None else CASTS[ring.dtype],
+                              None if ring is None else ring.data_ptr(), _ring_slots(ring), out.data_ptr())
 
 
 def kv_scores(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
-              zeros: torch.Tensor | None, n_valid: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``q [BH, G, d]`` float32 against stored key rows: ``[BH, G, S]`` (0 from slot ``n_valid``)."""
+              zeros: torch.Tensor | None, n_valid: torch.Tensor, q: torch.Tensor,
+              ring: torch.Tensor | None = None) -> torch.Tensor:
+    """``q [BH, G, d]`` float32 against stored key rows: ``[BH, G, S]`` (0 from slot ``n_valid``). With ``ring``
+    (a layer's recent keys in a float dtype, ``[b, h, R, d]``, ``b x h = BH``): ``[BH, G, S + R]``, the ring's
+    scores after the stored slots."""
     q = q.contiguous()
-    out = torch.empty(q.shape[0], q.shape[1], _heads_and_slots(kind, group, d, data)[1], dtype=torch.float32)
-    _call("kv_scores", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), q, d, out)
+    slots = _heads_and_slots(kind, group, d, data)[1] + _ring_slots(ring)
+    out = torch.empty(q.shape[0], q.shape[1], slots, dtype=torch.float32)
+    _call("kv_scores", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), q, d, ring, out)
     return out
 
 
 def kv_values(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
-              zeros: torch.Tensor | None, n_valid: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Weights ``p [BH, G, S]`` float32 over stored value rows: ``[BH, G, d]`` (slots below ``n_valid``)."""
+              zeros: torch.Tensor | None, n_valid: torch.Tensor, p: torch.Tensor,
+              ring: torch.Tensor | None = None) -> torch.Tensor:
+    """Weights ``p [BH, G, S]`` float32 over stored value rows: ``[BH, G, d]`` (slots below ``n_valid``). With
+    ``ring`` (``[b, h, R, d]``): ``p [BH, G, S + R]``, the ring's weighted rows added after the stored ones."""
     p = p.contiguous()
     out = torch.empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
-    _call("kv_values", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), p, d, out)
+    _call("kv_values", kind, bits, group, data, scales, zeros, n_valid.to(torch.int64), p, d, ring, out)
     return out
 
 
-scores_op = native_op("kv_scores", kv_scores)
-values_op = native_op("kv_values", kv_values)
+# The ops. Those with a ring are ops of their own (not an optional argument of the first two): a compiled graph
+# kept in inductor's cache calls an op with the arguments of the schema it was compiled against.
+def _scores(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
+            zeros: torch.Tensor | None, n_valid: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return kv_scores(kind, bits, group, d, data, scales, zeros, n_valid, q)
+
+
+def _values(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
+            zeros: torch.Tensor | None, n_valid: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    return kv_values(kind, bits, group, d, data, scales, zeros, n_valid, p)
+
+
+def _ring_scores(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
+                 zeros: torch.Tensor | None, n_valid: torch.Tensor, q: torch.Tensor, ring: torch.Tensor) -> torch.Tensor:
+    return kv_scores(kind, bits, group, d, data, scales, zeros, n_valid, q, ring)
+
+
+def _ring_values(kind: int, bits: int, group: int, d: int, data: torch.Tensor, scales: torch.Tensor | None,
+                 zeros: torch.Tensor | None, n_valid: torch.Tensor, p: torch.Tensor, ring: torch.Tensor) -> torch.Tensor:
+    return kv_values(kind, bits, group, d, data, scales, zeros, n_valid, p, ring)
+
+
+scores_op = native_op("kv_scores", _scores)
+values_op = native_op("kv_values", _values)
+ring_scores_op = native_op("kv_scores_ring", _ring_scores)
+ring_values_op = native_op("kv_values_ring", _ring_values)
 
 
 @register_fake(scores_op)
@@ -136,8 +173,19 @@ def _(kind, bits, group, d, data, scales, zeros, n_valid, q):
     return q.new_empty(q.shape[0], q.shape[1], _heads_and_slots(kind, group, d, data)[1], dtype=torch.float32)
 
 
+@register_fake(ring_scores_op)
+def _(kind, bits, group, d, data, scales, zeros, n_valid, q, ring):
+    slots = _heads_and_slots(kind, group, d, data)[1] + _ring_slots(ring)
+    return q.new_empty(q.shape[0], q.shape[1], slots, dtype=torch.float32)
+
+
 @register_fake(values_op)
 def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
+    return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
+
+
+@register_fake(ring_values_op)
+def _(kind, bits, group, d, data, scales, zeros, n_valid, p, ring):
     return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
 
 
@@ -206,6 +254,32 @@ def _visible(scores: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | Non
     return torch.where(valid, scores, float("-inf"))
 
 
+def plain_store(store: CodeStore) -> bool:
+    """Whether a store's rows are read as they are: not rotated, no static per-head scale (the ring's rows then
+    take the same query and the same weighted sum, in one call)."""
+    return not getattr(store.codec, "rotate", False) and getattr(store.codec, "head_scale", None) is None
+
+
+def _attend_joined(layer: Any, q: torch.Tensor, end: torch.Tensor, length: torch.Tensor, mask: torch.Tensor | None,
+                   scaling: float, softcap: float | None) -> torch.Tensor:
+    """``attend`` for plain stores beside a float ring: one kernel call for the scores of the stored slots and the
+    ring (a row of ``slots + ring`` per query head), one softmax over that row, one call for the weighted values
+    of both: as a cache held whole is read (the stored part and the ring apart took two more calls and a softmax
+    by parts, about 1 ms a SmolLM2-135M step at 4,096 positions). ``[b x hkv, g, dv]`` float32."""
+    bh, g, _ = q.shape
+    slots, ring = layer.slots, layer.ring_len
+    slot = torch.arange(slots + ring, device=q.device)
+    in_ring = slot >= slots
+    position = torch.where(in_ring, end + (slot - slots - end) % ring, slot)  # the position each slot holds
+    valid = position < torch.where(in_ring, length, end)
+    joined_mask = None if mask is None else mask[..., position.clamp(max=mask.shape[-1] - 1)]
+    scores = ring_scores_op(*_store_args(layer.key_store), end, q, layer.keys)
+    part = _visible(scores.view(layer.batch_size, layer.num_heads, g, slots + ring), valid, joined_mask, scaling,
+                    softcap)
+    weights = torch.exp(part - part.amax(-1, keepdim=True)).view(bh, g, slots + ring)
+    return ring_values_op(*_store_args(layer.value_store), end, weights, layer.values) / weights.sum(-1, keepdim=True)
+
+
 def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
            softcap: float | None = None) -> torch.Tensor:
     """One decode row per query head (``query [b, hq, 1, d]``) over ``layer`` after its update: ``[b, 1, hq, dv]``.
@@ -222,6 +296,9 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
     end = layer._stored_end(length)  # a tensor: the layer's length is one
     mask = attention_mask[:, :, -1:, :] if attention_mask is not None else None  # [b, 1, 1, positions]
     dense_ring = ring and reads_dense(layer.keys, layer.values)
+    if slots and dense_ring and plain_store(layer.key_store) and plain_store(layer.value_store):
+        out = _attend_joined(layer, q, end, length, mask, scaling, softcap)
+        return out.view(b, hq, 1, layer.v_head_dim).transpose(1, 2).to(query.dtype).contiguous()
     parts = []
     if slots:
         q_stored = layer.key_store.codec.rotation(q)  # as the stored keys were rotated

@@ -31,7 +31,8 @@ PRODUCTS = {  # library: its ops with a C++ kernel
     "bitplane": [bitplane.matmul_op],
     "int8_act": [int8_act.matmul_op],
     "ggml": [ggml.matmul_q8_op, ggml.matmul_repacked_op, ggml.dequantize_op],  # the last: a step's embedding rows
-    "kv_attention": [code_attention.scores_op, code_attention.values_op],
+    "kv_attention": [code_attention.scores_op, code_attention.values_op, code_attention.ring_scores_op,
+                     code_attention.ring_values_op],
     "half_rows": [half_rows.matmul_op],
 }
 
@@ -122,6 +123,11 @@ def test_the_kv_kernels_give_the_python_functions_bits(codec: Codec) -> None:
         assert torch.equal(code_attention.scores_op(*args, n, q), code_attention.kv_scores(*args, n, q))
         if codec.axis != "channel":  # values are per position
             assert torch.equal(code_attention.values_op(*args, n, p), code_attention.kv_values(*args, n, p))
+        ring, pr = torch.randn(b, h, 5, d).to(torch.bfloat16), torch.rand(b * h, g, slots + 5)
+        assert torch.equal(code_attention.ring_scores_op(*args, n, q, ring), code_attention.kv_scores(*args, n, q, ring))
+        if codec.axis != "channel":
+            assert torch.equal(code_attention.ring_values_op(*args, n, pr, ring),
+                               code_attention.kv_values(*args, n, pr, ring))
 
 
 def test_eager_and_compiled_calls_never_enter_the_python_function(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,11 @@
      kv_scores:  out[bh, g, s]  = q[bh, g, :] . key[bh, s, :]                (s < n_valid, else 0)
      kv_values:  out[bh, g, :]  = sum over s < n_valid of p[bh, g, s] * value[bh, s, :]
 
+   A layer's ring of recent positions (R rows per head in a float cast, [BH, R, D]) may come in the same call:
+   the scores are then rows of S + R, the ring's after the stored slots (every ring row scored; the caller masks
+   them), and the weights rows of S + R likewise, the ring's weighted rows added after the stored ones. One call
+   and one softmax row per layer, as for a cache held whole.
+
    decoding each row once and never writing a dequantized history. With AVX-512 the common layouts (integers of
    8, 4 and 2 bits, the float casts, e4m3) are decoded 16 channels to a register and used there: the scores four
    rows at a time, the weighted values with a chunk of channels' accumulators held in registers over all the rows;
@@ -708,63 +713,92 @@ static void channel_scores(int bits, int D, int block, int row_bytes, int zero_b
     }
 }
 
+/* The bytes of one element of a float cast kind (a ring's). */
+static inline int cast_bytes(int kind) { return kind == CAST_F32 ? 4 : 2; }
+
 void kv_scores(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
                const void* scales, const void* zeros, int BH, int S, const int64_t* n_valid,
-               const float* q, int G, float* out) {
-    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK;
-    memset(out, 0, sizeof(float) * (size_t)BH * G * S);
+               const float* q, int G, int ring_kind, const void* ring, int R, float* out) {
+    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK, T = S + R;
+    memset(out, 0, sizeof(float) * (size_t)BH * G * T);
+    Store rs = make_store(ring_kind, 0, D, D, D * cast_bytes(ring_kind), 0, ring, NULL, NULL, R);
     if (kind == INT_CHANNEL) {  /* group: the block of positions */
-        channel_scores(bits, D, group, row_bytes, zero_bytes, data, scales, zeros, BH, S, n, q, G, out);
+        channel_scores(bits, D, group, row_bytes, zero_bytes, data, scales, zeros, BH, T, n, q, G, out);
+        #pragma omp parallel for schedule(static)
+        for (int bh = 0; bh < (R ? BH : 0); bh++)
+            scores_rows(&rs, bh, 0, R, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T + S, T);
         return;
     }
     Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
+    /* the stored rows in chunks, then (R > 0) each head's ring rows, in one parallel loop */
     #pragma omp parallel for schedule(static)
-    for (int w = 0; w < BH * chunks; w++) {
+    for (int w = 0; w < BH * chunks + (R ? BH : 0); w++) {
+        if (w >= BH * chunks) {
+            int bh = w - BH * chunks;
+            scores_rows(&rs, bh, 0, R, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T + S, T);
+            continue;
+        }
         int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
-        scores_rows(&st, bh, s0, s1, q + (size_t)bh * G * D, G, out + (size_t)bh * G * S, S);
+        scores_rows(&st, bh, s0, s1, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T, T);
+    }
+}
+
+/* acc[g, :] += sum over s0 <= s < s1 of p[g, s] x row s of head bh (p: the head's weights, rows of stride T). */
+static void values_rows(const Store* st, int bh, int s0, int s1, const float* p, int G, float* acc, int T) {
+#ifdef KV_AVX512
+    if (G <= 8 && reads512(st)) {
+#define VALUES_G(K) values512(st, layout_, bh, s0, s1, p, K, acc, T)
+#define VALUES(L) do { const int layout_ = (L); WITH_CONSTANT_G(G, VALUES_G); } while (0)
+        WITH_LAYOUT(st, VALUES);
+#undef VALUES
+#undef VALUES_G
+        return;
+    }
+#endif
+    const int D = st->D;
+    float rows[4][MAX_D];
+    for (int s = s0; s < s1; s += 4) {  /* four rows per pass over the accumulators */
+        int m = s1 - s < 4 ? s1 - s : 4;
+        for (int k = 0; k < m; k++) decode_row(st, bh, s + k, rows[k]);
+        for (int k = m; k < 4; k++) memset(rows[k], 0, sizeof(float) * D);
+        for (int g = 0; g < G; g++) {
+            const float* pg = p + (size_t)g * T + s;
+            float w0 = pg[0], w1 = m > 1 ? pg[1] : 0, w2 = m > 2 ? pg[2] : 0, w3 = m > 3 ? pg[3] : 0;
+            float* a = acc + (size_t)g * D;
+            for (int i = 0; i < D; i++) a[i] += w0 * rows[0][i] + w1 * rows[1][i] + w2 * rows[2][i] + w3 * rows[3][i];
+        }
     }
 }
 
 void kv_values(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
                const void* scales, const void* zeros, int BH, int S, const int64_t* n_valid,
-               const float* p, int G, float* out) {
+               const float* p, int G, int ring_kind, const void* ring, int R, float* out) {
     Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
-    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK;
+    Store rs = make_store(ring_kind, 0, D, D, D * cast_bytes(ring_kind), 0, ring, NULL, NULL, R);
+    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK, T = S + R, rings = R ? BH : 0;
     size_t part = (size_t)G * D;
-    float* partial = calloc((size_t)BH * (chunks ? chunks : 1) * part, sizeof(float));
+    /* each chunk's partial sums, then each head's ring's */
+    float* partial = calloc((size_t)(BH * chunks + rings > 0 ? BH * chunks + rings : 1) * part, sizeof(float));
     #pragma omp parallel for schedule(static)
-    for (int w = 0; w < BH * chunks; w++) {
-        int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
+    for (int w = 0; w < BH * chunks + rings; w++) {
         float* acc = partial + (size_t)w * part;
-#ifdef KV_AVX512
-        if (G <= 8 && reads512(&st)) {
-            const float* pb = p + (size_t)bh * G * S;
-#define VALUES_G(K) values512(&st, layout_, bh, s0, s1, pb, K, acc, S)
-#define VALUES(L) do { const int layout_ = (L); WITH_CONSTANT_G(G, VALUES_G); } while (0)
-            WITH_LAYOUT(&st, VALUES);
-#undef VALUES
-#undef VALUES_G
+        if (w >= BH * chunks) {
+            int bh = w - BH * chunks;
+            values_rows(&rs, bh, 0, R, p + (size_t)bh * G * T + S, G, acc, T);
             continue;
         }
-#endif
-        float rows[4][MAX_D];
-        for (int s = s0; s < s1; s += 4) {  /* four rows per pass over the accumulators */
-            int m = s1 - s < 4 ? s1 - s : 4;
-            for (int k = 0; k < m; k++) decode_row(&st, bh, s + k, rows[k]);
-            for (int k = m; k < 4; k++) memset(rows[k], 0, sizeof(float) * D);
-            for (int g = 0; g < G; g++) {
-                const float* pg = p + ((size_t)bh * G + g) * S + s;
-                float w0 = pg[0], w1 = m > 1 ? pg[1] : 0, w2 = m > 2 ? pg[2] : 0, w3 = m > 3 ? pg[3] : 0;
-                float* a = acc + (size_t)g * D;
-                for (int i = 0; i < D; i++) a[i] += w0 * rows[0][i] + w1 * rows[1][i] + w2 * rows[2][i] + w3 * rows[3][i];
-            }
-        }
+        int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
+        values_rows(&st, bh, s0, s1, p + (size_t)bh * G * T, G, acc, T);
     }
-    for (int bh = 0; bh < BH; bh++) {
+    for (int bh = 0; bh < BH; bh++) {  /* the chunks in order, then the ring: fixed whatever the threads */
         float* o = out + (size_t)bh * part;
         memset(o, 0, sizeof(float) * part);
         for (int c = 0; c < chunks; c++) {
             const float* a = partial + ((size_t)bh * chunks + c) * part;
+            for (size_t k = 0; k < part; k++) o[k] += a[k];
+        }
+        if (R) {
+            const float* a = partial + ((size_t)BH * chunks + bh) * part;
             for (size_t k = 0; k < part; k++) o[k] += a[k];
         }
     }

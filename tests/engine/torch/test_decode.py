@@ -49,6 +49,9 @@ def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuild
     monkeypatch.setattr(CodeStore, "read", lambda self, dtype: reads.append(1) or read(self, dtype))
     monkeypatch.setattr(code_attention, "scores_op", lambda *a: kernel.append("scores") or scores(*a))
     monkeypatch.setattr(code_attention, "values_op", lambda *a: kernel.append("values") or values(*a))
+    ring_scores, ring_values = code_attention.ring_scores_op, code_attention.ring_values_op
+    monkeypatch.setattr(code_attention, "ring_scores_op", lambda *a: kernel.append("ring scores") or ring_scores(*a))
+    monkeypatch.setattr(code_attention, "ring_values_op", lambda *a: kernel.append("ring values") or ring_values(*a))
     with DecodeEngine(model, kv, CPU, "eager", 16 + 6) as decode:
         gen = decode.generation()
         gen.prefill(ids)
@@ -58,8 +61,9 @@ def test_the_eager_engine_reads_a_quantized_cache_from_its_codes_without_rebuild
             gen.decode(1)
             got_logits.append(gen.logits.clone())
     layers = model.config.num_hidden_layers
-    # scores and values per layer and step, for the stored codes and again for the ring's recent rows
-    assert reads == [] and len(kernel) == 2 * 2 * 6 * layers
+    # one call for the scores and one for the values per layer and step, the stored codes and the ring's recent
+    # rows together
+    assert reads == [] and kernel == ["ring scores", "ring values"] * 6 * layers
     for step, (w, g) in enumerate(zip(want_logits, got_logits)):
         assert torch.allclose(g, w, atol=1e-5, rtol=1e-5), (step, (g - w).abs().max())
 
