@@ -4,8 +4,11 @@ A global static layer (``static.StaticPackedLayer``) keeps the oldest positions 
 recent ones in a full-precision ring. For a decode row, ``attend`` computes the scores over the stored rows and
 the weighted sum of the stored values in C, each row decoded once into scratch (the stored bytes are what a step
 reads, as llama.cpp's quantized cache is read), and only the stored positions up to the layer's length: no
-dequantized history is built. The ring's few positions go through ordinary products; the softmax joins both.
-Both C functions are registered torch ops with fake implementations, so the path runs inside the compiled step.
+dequantized history is built. Where the ring is held in a float dtype and the stores are plain (not rotated, no
+static per-head scales), the ring's rows are read in the same call (``kv_scores_ring``, ``kv_values_ring``): one
+row of scores over the stored slots and the ring, one softmax, one weighted sum, as a cache held whole is read.
+Otherwise the ring's few positions go through their own products and the softmax is taken part by part. The C
+functions are registered torch ops with fake implementations, so the path runs inside the compiled step.
 
 Layouts read: packed integers per position (token axis, any width 2-8, groups along the head dimension), keys
 per channel (KIVI: one scale and zero point per channel over a block of positions), float casts (float32,
@@ -260,6 +263,14 @@ def plain_store(store: CodeStore) -> bool:
     return not getattr(store.codec, "rotate", False) and getattr(store.codec, "head_scale", None) is None
 
 
+def _ring_positions(end: torch.Tensor, ring: int) -> torch.Tensor:
+    """The position each of a ring's ``ring`` slots holds, the stores ending at ``end``: ``end + (r - end) mod
+    ring``, the remainder taken once (a remainder per slot is a scalar int64 division in inductor's vector loops)."""
+    r = torch.arange(ring, device=end.device)
+    shift = end % ring
+    return end + torch.where(r >= shift, r - shift, r - shift + ring)
+
+
 def _attend_joined(layer: Any, q: torch.Tensor, end: torch.Tensor, length: torch.Tensor, mask: torch.Tensor | None,
                    scaling: float, softcap: float | None) -> torch.Tensor:
     """``attend`` for plain stores beside a float ring: one kernel call for the scores of the stored slots and the
@@ -268,11 +279,12 @@ def _attend_joined(layer: Any, q: torch.Tensor, end: torch.Tensor, length: torch
     by parts, about 1 ms a SmolLM2-135M step at 4,096 positions). ``[b x hkv, g, dv]`` float32."""
     bh, g, _ = q.shape
     slots, ring = layer.slots, layer.ring_len
-    slot = torch.arange(slots + ring, device=q.device)
-    in_ring = slot >= slots
-    position = torch.where(in_ring, end + (slot - slots - end) % ring, slot)  # the position each slot holds
+    ring_position = _ring_positions(end, ring)
+    in_ring = torch.arange(slots + ring, device=q.device) >= slots
+    position = torch.cat([torch.arange(slots, device=q.device), ring_position])  # the position each slot holds
     valid = position < torch.where(in_ring, length, end)
-    joined_mask = None if mask is None else mask[..., position.clamp(max=mask.shape[-1] - 1)]
+    joined_mask = None if mask is None else torch.cat(
+        [mask[..., :slots], mask[..., ring_position.clamp(max=mask.shape[-1] - 1)]], -1)
     scores = ring_scores_op(*_store_args(layer.key_store), end, q, layer.keys)
     part = _visible(scores.view(layer.batch_size, layer.num_heads, g, slots + ring), valid, joined_mask, scaling,
                     softcap)
@@ -306,8 +318,7 @@ def attend(layer: Any, query: torch.Tensor, attention_mask: torch.Tensor | None,
         parts.append(_visible(stored.view(b, hkv, g, slots), torch.arange(slots, device=query.device) < end,
                               None if mask is None else mask[..., :slots], scaling, softcap))
     if ring:
-        ring_slot = torch.arange(ring, device=query.device)
-        ring_position = end + (ring_slot - end) % ring  # the position each ring slot holds
+        ring_position = _ring_positions(end, ring)  # the position each ring slot holds
         if dense_ring:  # the ring as a store of b x hkv rows of ``ring`` slots
             recent = dense_scores(q.view(b, hkv, g, 1, d), layer.keys)
         else:
