@@ -171,24 +171,16 @@ ring_scores_op = native_op("kv_scores_ring", _ring_scores)
 ring_values_op = native_op("kv_values_ring", _ring_values)
 
 
-@register_fake(scores_op)
-def _(kind, bits, group, d, data, scales, zeros, n_valid, q):
-    return q.new_empty(q.shape[0], q.shape[1], _heads_and_slots(kind, group, d, data)[1], dtype=torch.float32)
-
-
 @register_fake(ring_scores_op)
-def _(kind, bits, group, d, data, scales, zeros, n_valid, q, ring):
+@register_fake(scores_op)
+def _(kind, bits, group, d, data, scales, zeros, n_valid, q, ring=None):
     slots = _heads_and_slots(kind, group, d, data)[1] + _ring_slots(ring)
     return q.new_empty(q.shape[0], q.shape[1], slots, dtype=torch.float32)
 
 
-@register_fake(values_op)
-def _(kind, bits, group, d, data, scales, zeros, n_valid, p):
-    return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
-
-
 @register_fake(ring_values_op)
-def _(kind, bits, group, d, data, scales, zeros, n_valid, p, ring):
+@register_fake(values_op)
+def _(kind, bits, group, d, data, scales, zeros, n_valid, p, ring=None):
     return p.new_empty(p.shape[0], p.shape[1], d, dtype=torch.float32)
 
 

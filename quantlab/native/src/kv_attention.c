@@ -716,30 +716,35 @@ static void channel_scores(int bits, int D, int block, int row_bytes, int zero_b
 /* The bytes of one element of a float cast kind (a ring's). */
 static inline int cast_bytes(int kind) { return kind == CAST_F32 ? 4 : 2; }
 
+/* Item w of a call's parallel loop: below BH x chunks a chunk of CHUNK stored rows of one head, above it one head's
+   whole ring. Sets the head and its rows [s0, s1); returns the store they are read from. */
+static inline const Store* work_item(const Store* st, const Store* rs, int BH, int chunks, int n, int w, int* bh,
+                                     int* s0, int* s1) {
+    if (w >= BH * chunks) {
+        *bh = w - BH * chunks, *s0 = 0, *s1 = rs->S;
+        return rs;
+    }
+    *bh = w / chunks, *s0 = (w % chunks) * CHUNK, *s1 = *s0 + CHUNK < n ? *s0 + CHUNK : n;
+    return st;
+}
+
 void kv_scores(int kind, int bits, int D, int group, int row_bytes, int zero_bytes, const void* data,
                const void* scales, const void* zeros, int BH, int S, const int64_t* n_valid,
                const float* q, int G, int ring_kind, const void* ring, int R, float* out) {
     int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK, T = S + R;
     memset(out, 0, sizeof(float) * (size_t)BH * G * T);
-    Store rs = make_store(ring_kind, 0, D, D, D * cast_bytes(ring_kind), 0, ring, NULL, NULL, R);
-    if (kind == INT_CHANNEL) {  /* group: the block of positions */
-        channel_scores(bits, D, group, row_bytes, zero_bytes, data, scales, zeros, BH, T, n, q, G, out);
-        #pragma omp parallel for schedule(static)
-        for (int bh = 0; bh < (R ? BH : 0); bh++)
-            scores_rows(&rs, bh, 0, R, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T + S, T);
-        return;
-    }
     Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
+    Store rs = make_store(ring_kind, 0, D, D, D * cast_bytes(ring_kind), 0, ring, NULL, NULL, R);
+    if (kind == INT_CHANNEL) {  /* group: the block of positions; the loop below then takes the rings alone */
+        channel_scores(bits, D, group, row_bytes, zero_bytes, data, scales, zeros, BH, T, n, q, G, out);
+        chunks = 0;
+    }
     /* the stored rows in chunks, then (R > 0) each head's ring rows, in one parallel loop */
     #pragma omp parallel for schedule(static)
     for (int w = 0; w < BH * chunks + (R ? BH : 0); w++) {
-        if (w >= BH * chunks) {
-            int bh = w - BH * chunks;
-            scores_rows(&rs, bh, 0, R, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T + S, T);
-            continue;
-        }
-        int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
-        scores_rows(&st, bh, s0, s1, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T, T);
+        int bh, s0, s1;
+        const Store* from = work_item(&st, &rs, BH, chunks, n, w, &bh, &s0, &s1);
+        scores_rows(from, bh, s0, s1, q + (size_t)bh * G * D, G, out + (size_t)bh * G * T + (from == &rs ? S : 0), T);
     }
 }
 
@@ -775,30 +780,21 @@ void kv_values(int kind, int bits, int D, int group, int row_bytes, int zero_byt
                const float* p, int G, int ring_kind, const void* ring, int R, float* out) {
     Store st = make_store(kind, bits, D, group, row_bytes, zero_bytes, data, scales, zeros, S);
     Store rs = make_store(ring_kind, 0, D, D, D * cast_bytes(ring_kind), 0, ring, NULL, NULL, R);
-    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK, T = S + R, rings = R ? BH : 0;
+    int n = valid_slots(n_valid, S), chunks = (n + CHUNK - 1) / CHUNK, T = S + R, items = BH * chunks + (R ? BH : 0);
     size_t part = (size_t)G * D;
     /* each chunk's partial sums, then each head's ring's */
-    float* partial = calloc((size_t)(BH * chunks + rings > 0 ? BH * chunks + rings : 1) * part, sizeof(float));
+    float* partial = calloc((size_t)(items ? items : 1) * part, sizeof(float));
     #pragma omp parallel for schedule(static)
-    for (int w = 0; w < BH * chunks + rings; w++) {
-        float* acc = partial + (size_t)w * part;
-        if (w >= BH * chunks) {
-            int bh = w - BH * chunks;
-            values_rows(&rs, bh, 0, R, p + (size_t)bh * G * T + S, G, acc, T);
-            continue;
-        }
-        int bh = w / chunks, s0 = (w % chunks) * CHUNK, s1 = s0 + CHUNK < n ? s0 + CHUNK : n;
-        values_rows(&st, bh, s0, s1, p + (size_t)bh * G * T, G, acc, T);
+    for (int w = 0; w < items; w++) {
+        int bh, s0, s1;
+        const Store* from = work_item(&st, &rs, BH, chunks, n, w, &bh, &s0, &s1);
+        values_rows(from, bh, s0, s1, p + (size_t)bh * G * T + (from == &rs ? S : 0), G, partial + (size_t)w * part, T);
     }
     for (int bh = 0; bh < BH; bh++) {  /* the chunks in order, then the ring: fixed whatever the threads */
         float* o = out + (size_t)bh * part;
         memset(o, 0, sizeof(float) * part);
-        for (int c = 0; c < chunks; c++) {
-            const float* a = partial + ((size_t)bh * chunks + c) * part;
-            for (size_t k = 0; k < part; k++) o[k] += a[k];
-        }
-        if (R) {
-            const float* a = partial + ((size_t)BH * chunks + bh) * part;
+        for (int c = 0; c < chunks + (R ? 1 : 0); c++) {  /* c == chunks: the head's ring */
+            const float* a = partial + (size_t)(c < chunks ? bh * chunks + c : BH * chunks + bh) * part;
             for (size_t k = 0; k < part; k++) o[k] += a[k];
         }
     }
